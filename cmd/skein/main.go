@@ -1,0 +1,127 @@
+// Command skein is the CNI plugin. It stays thin so that it starts fast:
+// it reads the runtime's request (skel parses the environment and checks
+// versions), forwards it to skeind in one timed gRPC call over a UNIX
+// socket, and prints skeind's answer or a spec error. All the work —
+// IPAM, netlink, the store — happens in skeind.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/skeinnet/skein/api/rpc"
+)
+
+// DefaultSocket is where skeind listens unless the network config's
+// "socket" or $SKEIN_SOCKET says otherwise.
+const DefaultSocket = "/run/skein/skeind.sock"
+
+// callTimeout bounds one request; a runtime's own timeout is usually longer.
+const callTimeout = 60 * time.Second
+
+var buildVersion = "dev"
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{
+		Add:    call("ADD"),
+		Del:    call("DEL"),
+		Check:  call("CHECK"),
+		GC:     call("GC"),
+		Status: call("STATUS"),
+	}, version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), "skein CNI plugin "+buildVersion)
+}
+
+func socketPath(stdin []byte) string {
+	var c struct {
+		Socket string `json:"socket"`
+	}
+	_ = json.Unmarshal(stdin, &c) // skel already rejected undecodable input
+	if c.Socket != "" {
+		return c.Socket
+	}
+	if s := os.Getenv("SKEIN_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+func call(verb string) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		sock := socketPath(args.StdinData)
+		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return unreachable(verb, sock, err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+
+		req := &rpc.CNIRequest{
+			ContainerId: args.ContainerID,
+			Netns:       args.Netns,
+			Ifname:      args.IfName,
+			Args:        args.Args,
+			Path:        args.Path,
+			Netconf:     args.StdinData,
+		}
+		c := rpc.NewCNIClient(conn)
+		var reply *rpc.CNIReply
+		switch verb {
+		case "ADD":
+			reply, err = c.Add(ctx, req)
+		case "DEL":
+			reply, err = c.Del(ctx, req)
+		case "CHECK":
+			reply, err = c.Check(ctx, req)
+		case "GC":
+			reply, err = c.GC(ctx, req)
+		case "STATUS":
+			reply, err = c.Status(ctx, req)
+		}
+		if err != nil {
+			return rpcError(verb, sock, err)
+		}
+		if e := reply.GetError(); e != nil {
+			return types.NewError(uint(e.Code), e.Msg, e.Details)
+		}
+		if len(reply.Result) > 0 {
+			if _, err := os.Stdout.Write(reply.Result); err != nil {
+				return types.NewError(types.ErrIOFailure, "write result: "+err.Error(), "")
+			}
+		}
+		return nil
+	}
+}
+
+func rpcError(verb, sock string, err error) error {
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.Unavailable:
+		return unreachable(verb, sock, errors.New(st.Message()))
+	case codes.DeadlineExceeded:
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, callTimeout), "")
+	}
+	return types.NewError(types.ErrInternal, fmt.Sprintf("skeind failed %s: %s", verb, st.Message()), "")
+}
+
+// unreachable: STATUS reports the plugin unavailable (50); other verbs ask
+// the runtime to retry (11), so nothing is forgotten while skeind restarts.
+func unreachable(verb, sock string, err error) error {
+	code := uint(types.ErrTryAgainLater)
+	if verb == "STATUS" {
+		code = types.ErrPluginNotAvailable
+	}
+	return types.NewError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
+}

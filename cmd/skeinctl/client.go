@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/skeinnet/skein/api/rpc"
+)
+
+// withAdmin connects to skeind, runs call with a context bounded by
+// --timeout, and turns a failure into a message for the operator. Each
+// skeinctl invocation makes its calls over one connection, closed on return.
+func (a *app) withAdmin(ctx context.Context, call func(context.Context, rpc.AdminClient) error) error {
+	// The socket path goes to the dialer as is, not through a "unix://"
+	// target, so no path needs URL escaping and relative paths work.
+	socket := a.socket
+	conn, err := grpc.NewClient("passthrough:///skeind",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("connect to skeind at %s: %w", socket, err)
+	}
+	defer conn.Close()
+
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	if err := call(ctx, rpc.NewAdminClient(conn)); err != nil {
+		return a.explain(ctx, err)
+	}
+	return nil
+}
+
+// explain turns an error from a call into what the operator should read:
+// the daemon's own message for errors it returned, and a plain sentence for
+// failures to reach it at all.
+func (a *app) explain(ctx context.Context, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		// gRPC reports a failed dial as Unavailable, but skeind may also
+		// answer Unavailable itself (say, while its store opens). A plain
+		// dial of the socket tells the two apart.
+		if perr := probe(a.socket); perr != nil {
+			if errors.Is(perr, fs.ErrPermission) {
+				return fmt.Errorf("cannot reach skeind at %s: permission denied (try as root)", a.socket)
+			}
+			return fmt.Errorf("cannot reach skeind at %s: is it running?", a.socket)
+		}
+	case codes.DeadlineExceeded:
+		// Only our own deadline means skeind is too slow; a deadline the
+		// daemon hit internally comes with its own message.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("skeind at %s did not answer within %s", a.socket, a.timeout)
+		}
+	}
+	return errors.New(st.Message())
+}
+
+// probe reports whether a UNIX socket accepts connections.
+func probe(socket string) error {
+	c, err := net.DialTimeout("unix", socket, time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}

@@ -1,0 +1,140 @@
+// Command skeind is skein's node daemon: flags and wiring only; the work is
+// in internal/daemon.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/skeinnet/skein/internal/daemon"
+)
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "skeind:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	var (
+		cfgFile     string
+		cfg         daemon.Config
+		logLevel    string
+		logFormat   string
+		defaultPool []string
+		gw4, gw6    string
+		blockBits   int
+	)
+	cmd := &cobra.Command{
+		Use:           "skeind",
+		Short:         "skein's node daemon: IPAM and routed-veth dataplane behind the CNI binary",
+		Version:       daemon.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			final := daemon.Config{}
+			if cfgFile != "" {
+				b, err := os.ReadFile(cfgFile)
+				if err != nil {
+					return fmt.Errorf("config file: %w", err)
+				}
+				dec := json.NewDecoder(strings.NewReader(string(b)))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&final); err != nil {
+					return fmt.Errorf("config file %s: %w", cfgFile, err)
+				}
+			}
+			// Flags given on the command line win over the file.
+			f := cmd.Flags()
+			set := func(name string, apply func()) {
+				if f.Changed(name) || cfgFile == "" {
+					apply()
+				}
+			}
+			set("node", func() { final.Node = cfg.Node })
+			set("state-dir", func() { final.StateDir = cfg.StateDir })
+			set("socket", func() { final.Socket = cfg.Socket })
+			set("metrics-addr", func() { final.MetricsAddr = cfg.MetricsAddr })
+			set("mtu", func() { final.Dataplane.MTU = cfg.Dataplane.MTU })
+			set("pod-table", func() { final.Dataplane.PodTable = cfg.Dataplane.PodTable })
+			set("export-table", func() { final.Dataplane.ExportTable = cfg.Dataplane.ExportTable })
+			set("rule-priority", func() { final.Dataplane.RulePriority = cfg.Dataplane.RulePriority })
+			set("node-forwarding", func() { final.Dataplane.NodeForwarding = cfg.Dataplane.NodeForwarding })
+			set("node-netns", func() { final.Dataplane.NodeNetNS = cfg.Dataplane.NodeNetNS })
+			for name, s := range map[string]struct {
+				v   string
+				dst *netip.Addr
+			}{"gateway-v4": {gw4, &final.Dataplane.GatewayV4}, "gateway-v6": {gw6, &final.Dataplane.GatewayV6}} {
+				if f.Changed(name) {
+					a, err := netip.ParseAddr(s.v)
+					if err != nil {
+						return fmt.Errorf("--%s: %w", name, err)
+					}
+					*s.dst = a
+				}
+			}
+			if len(defaultPool) > 0 {
+				final.Pools = append(final.Pools, daemon.PoolSpec{Name: "default", Subnets: defaultPool, BlockSizeBits: blockBits})
+			}
+			log, err := newLogger(logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			final.Logger = log
+			slog.SetDefault(log)
+
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			d, err := daemon.New(ctx, final)
+			if err != nil {
+				return err
+			}
+			return d.Serve(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfgFile, "config", "", "JSON configuration file (flags given explicitly override it)")
+	f.StringVar(&cfg.Node, "node", "", "node name (default: host name)")
+	f.StringVar(&cfg.StateDir, "state-dir", daemon.DefaultStateDir, "directory of the embedded store")
+	f.StringVar(&cfg.Socket, "socket", daemon.DefaultSocket, "gRPC socket for the CNI binary and skeinctl")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", daemon.DefaultMetricsAddr, "loopback address for /metrics and /healthz, or \"off\"")
+	f.IntVar(&cfg.Dataplane.MTU, "mtu", 0, "pod interface MTU (0: the node uplink's)")
+	f.IntVar(&cfg.Dataplane.PodTable, "pod-table", 116, "routing table of per-pod host routes")
+	f.IntVar(&cfg.Dataplane.ExportTable, "export-table", 119, "routing table of exported block routes")
+	f.IntVar(&cfg.Dataplane.RulePriority, "rule-priority", 2000, "priority of the ip rule that looks up the pod table")
+	f.BoolVar(&cfg.Dataplane.NodeForwarding, "node-forwarding", true, "enable IPv4 and IPv6 forwarding in the node's namespace")
+	f.StringVar(&cfg.Dataplane.NodeNetNS, "node-netns", "", "path of the node's network namespace when skeind runs outside it (tests, tools); empty: skeind's own")
+	f.StringVar(&gw4, "gateway-v4", "169.254.1.1", "IPv4 gateway pods route through")
+	f.StringVar(&gw6, "gateway-v6", "fe80::1", "IPv6 gateway pods route through")
+	f.StringSliceVar(&defaultPool, "default-pool", nil, "create the \"default\" pool with these subnets if it does not exist (e.g. 10.64.0.0/16,fd00:64::/112)")
+	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	return cmd
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	o := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

@@ -1,0 +1,165 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// ErrAttachmentExists: ADD for a key that is already attached.
+var ErrAttachmentExists = errors.New("attachment already exists")
+
+// AttachRequest is what every front door asks for: one routed veth into a
+// network namespace with addresses from a pool.
+type AttachRequest struct {
+	Key    store.AttachmentKey
+	Pool   string
+	NetNS  string
+	Static []netip.Addr
+	Within []netip.Prefix
+	MTU    int
+	Owner  string
+	// IPv4, IPv6 select families (both false: all the pool has).
+	IPv4, IPv6 bool
+}
+
+// HostLinkName derives the host-side veth name of an attachment: short
+// enough for IFNAMSIZ, stable so DEL finds it without the store.
+func HostLinkName(k store.AttachmentKey) string {
+	h := sha256.Sum256([]byte(k.Network + "\x00" + k.ContainerID + "\x00" + k.IfName))
+	return "sk" + hex.EncodeToString(h[:6])
+}
+
+// aliasFor is the ownership tag written on the host veth.
+func (d *Daemon) aliasFor(k store.AttachmentKey) string {
+	s := d.dpConfig.AliasPrefix + k.Network + ":" + k.ContainerID + ":" + k.IfName
+	if len(s) > 250 {
+		s = s[:250]
+	}
+	return s
+}
+
+func randomMAC() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	b[0] = b[0]&^0x01 | 0x02 // unicast, locally administered
+	return net.HardwareAddr(b[:]).String()
+}
+
+// Attach allocates addresses, records the attachment and plumbs it. Every
+// failure path undoes what it did: no link, no address held, no record.
+//
+// Order matters for crash safety: the record (with its addresses) is
+// durable before the kernel sees anything, so a crash at any point leaves
+// either nothing or a record that the next start restores (and a DEL or GC
+// removes).
+func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachment, ap dataplane.Applied, err error) {
+	unlock := d.locks.lock(r.Key.String())
+	defer unlock()
+
+	if _, err := d.st.GetAttachment(ctx, r.Key); err == nil {
+		return a, ap, fmt.Errorf("%w: %s (DEL it first)", ErrAttachmentExists, r.Key)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return a, ap, err
+	}
+
+	// 1. addresses
+	addrs, err := d.ipam.Allocate(ctx, ipam.Request{Pool: r.Pool, Static: r.Static, Within: r.Within, IPv4: r.IPv4, IPv6: r.IPv6})
+	if err != nil {
+		return a, ap, err
+	}
+	done := false
+	defer func() {
+		if !done {
+			d.ipam.Release(context.WithoutCancel(ctx), r.Pool, addrs)
+		}
+	}()
+
+	// 2. the durable record
+	a = store.Attachment{
+		AttachmentKey: r.Key,
+		Pool:          r.Pool,
+		Addrs:         addrs,
+		NetNS:         r.NetNS,
+		HostLink:      HostLinkName(r.Key),
+		ContainerMAC:  randomMAC(),
+		Owner:         r.Owner,
+		Created:       time.Now().UTC(),
+	}
+	if err := d.st.PutAttachment(ctx, a); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return a, ap, fmt.Errorf("%w: %s (DEL it first)", ErrAttachmentExists, r.Key)
+		}
+		return a, ap, fmt.Errorf("record attachment: %w", err)
+	}
+	defer func() {
+		if !done {
+			_ = d.st.DeleteAttachment(context.WithoutCancel(ctx), r.Key)
+		}
+	}()
+
+	// 3. the kernel
+	mac, _ := net.ParseMAC(a.ContainerMAC)
+	ap, err = d.dp.Setup(dataplane.Link{
+		HostName:     a.HostLink,
+		Alias:        d.aliasFor(r.Key),
+		NetNS:        r.NetNS,
+		IfName:       r.Key.IfName,
+		Addrs:        addrs,
+		MTU:          r.MTU,
+		ContainerMAC: mac,
+	})
+	if err != nil {
+		return a, ap, err
+	}
+	done = true
+	d.metrics.attachments.Inc()
+	return a, ap, nil
+}
+
+// Detach removes an attachment: kernel first, then the record, then the
+// addresses, so that a crash in between leaves a record that points at what
+// may still exist. It succeeds when things are already gone. found reports
+// whether a record existed.
+func (d *Daemon) Detach(ctx context.Context, k store.AttachmentKey, netnsHint string) (found bool, err error) {
+	unlock := d.locks.lock(k.String())
+	defer unlock()
+	return d.detachLocked(ctx, k, netnsHint)
+}
+
+func (d *Daemon) detachLocked(ctx context.Context, k store.AttachmentKey, netnsHint string) (bool, error) {
+	a, err := d.st.GetAttachment(ctx, k)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return false, err
+	}
+	found := err == nil
+	host, nsPath := HostLinkName(k), netnsHint
+	if found {
+		host = a.HostLink
+		if nsPath == "" {
+			nsPath = a.NetNS
+		}
+	}
+	if err := d.dp.Teardown(host, nsPath, k.IfName, a.Addrs); err != nil {
+		return found, fmt.Errorf("tear down %s: %w", k, err)
+	}
+	if !found {
+		return false, nil
+	}
+	if err := d.st.DeleteAttachment(ctx, k); err != nil {
+		return true, fmt.Errorf("delete record of %s: %w", k, err)
+	}
+	d.ipam.Release(ctx, a.Pool, a.Addrs)
+	d.metrics.attachments.Dec()
+	return true, nil
+}

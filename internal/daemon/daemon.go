@@ -1,0 +1,294 @@
+// Package daemon is skeind: it wires the store, IPAM and dataplane
+// together, rebuilds its view on start (reconcile), and serves the front
+// doors — the CNI and Admin gRPC services on a UNIX socket, health and
+// metrics on loopback.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// Version is set at build time.
+var Version = "dev"
+
+// PoolSpec is a pool skeind creates at start if it does not exist.
+type PoolSpec struct {
+	Name          string   `json:"name"`
+	Subnets       []string `json:"subnets"`
+	BlockSizeBits int      `json:"blockSizeBits,omitempty"`
+	Reserved      []string `json:"reserved,omitempty"`
+}
+
+// Config configures skeind. Zero values are documented per field.
+type Config struct {
+	// Node is this node's name; "" = the host name.
+	Node string `json:"node,omitempty"`
+	// StateDir holds the embedded store; "" = /var/lib/skein.
+	StateDir string `json:"stateDir,omitempty"`
+	// Socket is the gRPC socket; "" = /run/skein/skeind.sock.
+	Socket string `json:"socket,omitempty"`
+	// MetricsAddr serves /metrics, /healthz and /readyz; it must be a
+	// loopback address. "" = 127.0.0.1:9383; "off" disables.
+	MetricsAddr string `json:"metricsAddr,omitempty"`
+	// Dataplane options; zero values per dataplane.Config.
+	Dataplane dataplane.Config `json:"dataplane"`
+	// Pools are created at start when absent.
+	Pools []PoolSpec `json:"pools,omitempty"`
+	// Logger; nil = slog.Default().
+	Logger *slog.Logger `json:"-"`
+}
+
+// Defaults.
+const (
+	DefaultStateDir    = "/var/lib/skein"
+	DefaultSocket      = "/run/skein/skeind.sock"
+	DefaultMetricsAddr = "127.0.0.1:9383"
+)
+
+// Daemon is a running skeind.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	st       store.Store
+	ipam     *ipam.Manager
+	dp       *dataplane.Dataplane
+	dpConfig dataplane.Config
+	locks    keyLocks
+	metrics  *metrics
+	started  time.Time
+
+	exportMu   sync.Mutex
+	exportKick chan struct{}
+	done       chan struct{}
+
+	grpc    *grpc.Server
+	http    *http.Server
+	closeMu sync.Mutex
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// New opens the store, programs the node's base dataplane state and
+// reconciles. It does not serve yet (see Serve).
+func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
+	if cfg.Node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("node name: %w", err)
+		}
+		cfg.Node = h
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket
+	}
+	if cfg.MetricsAddr == "" {
+		cfg.MetricsAddr = DefaultMetricsAddr
+	}
+	if cfg.MetricsAddr != "off" {
+		if err := checkLoopback(cfg.MetricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), exportKick: make(chan struct{}, 1), done: make(chan struct{})}
+	d.metrics = newMetrics(d)
+
+	st, err := store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{})
+	if err != nil {
+		return nil, err
+	}
+	d.st = st
+	defer func() {
+		if err != nil {
+			st.Close()
+		}
+	}()
+	d.ipam, err = ipam.NewManager(ipam.Options{Store: st, Node: cfg.Node, OnBlocksChanged: d.kickExport})
+	if err != nil {
+		return nil, err
+	}
+	dp, err := dataplane.New(cfg.Dataplane)
+	if err != nil {
+		return nil, fmt.Errorf("dataplane: %w", err)
+	}
+	d.dp = dp
+	d.dpConfig = dp.Config()
+	defer func() {
+		if err != nil {
+			dp.Close()
+		}
+	}()
+	if err := dp.Init(); err != nil {
+		return nil, fmt.Errorf("dataplane init: %w", err)
+	}
+	for _, p := range cfg.Pools {
+		if err := d.ensurePool(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return d, nil
+}
+
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("metrics address %q: %w", addr, err)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("metrics address %q: must be a loopback IP address (127.0.0.1 or ::1)", addr)
+	}
+	return nil
+}
+
+func (d *Daemon) ensurePool(ctx context.Context, s PoolSpec) error {
+	if _, err := d.st.GetPool(ctx, s.Name); err == nil {
+		return nil
+	}
+	p := store.Pool{Name: s.Name, BlockSizeBits: s.BlockSizeBits, Reserved: s.Reserved}
+	for _, sn := range s.Subnets {
+		pr, err := netip.ParsePrefix(sn)
+		if err != nil {
+			return fmt.Errorf("pool %q: subnet %q: %w", s.Name, sn, err)
+		}
+		p.Subnets = append(p.Subnets, pr)
+	}
+	if _, err := d.ipam.CreatePool(ctx, p); err != nil && !errors.Is(err, store.ErrExists) {
+		return fmt.Errorf("create pool %q: %w", s.Name, err)
+	}
+	d.log.Info("pool created from configuration", "pool", s.Name, "subnets", s.Subnets)
+	return nil
+}
+
+// Store exposes the store to front doors in this process.
+func (d *Daemon) Store() store.Store { return d.st }
+
+// IPAM exposes the address manager to front doors in this process.
+func (d *Daemon) IPAM() *ipam.Manager { return d.ipam }
+
+// Serve listens on the socket (and the metrics address) and serves until
+// ctx ends or Close is called. extra registers more services on the
+// gRPC server (front doors living in other packages).
+func (d *Daemon) Serve(ctx context.Context) error {
+	if err := os.MkdirAll(filepath.Dir(d.cfg.Socket), 0o755); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	if err := os.Remove(d.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	l, err := net.Listen("unix", d.cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", d.cfg.Socket, err)
+	}
+	if err := os.Chmod(d.cfg.Socket, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("chmod socket: %w", err)
+	}
+	d.grpc = grpc.NewServer()
+	rpc.RegisterCNIServer(d.grpc, &cniServer{d: d})
+	rpc.RegisterAdminServer(d.grpc, &adminServer{d: d})
+
+	errc := make(chan error, 2)
+	if d.cfg.MetricsAddr != "off" {
+		ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("listen %s: %w", d.cfg.MetricsAddr, err)
+		}
+		d.http = &http.Server{Handler: d.metrics.handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := d.http.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	d.wg.Add(1)
+	go d.exportLoop(ctx)
+	go func() { errc <- d.grpc.Serve(l) }()
+	d.log.Info("skeind serving", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "node", d.cfg.Node,
+		"store", d.st.Describe(), "version", Version)
+	select {
+	case <-ctx.Done():
+		d.Close()
+		return nil
+	case err := <-errc:
+		d.Close()
+		return err
+	}
+}
+
+// Close stops serving (finishing calls in flight) and closes the store.
+// Kernel state stays: attachments outlive the daemon.
+func (d *Daemon) Close() error {
+	d.closeMu.Lock()
+	defer d.closeMu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	if d.grpc != nil {
+		d.grpc.GracefulStop()
+	}
+	if d.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		d.http.Shutdown(ctx)
+		cancel()
+	}
+	close(d.done)
+	d.wg.Wait()
+	d.dp.Close()
+	return d.st.Close()
+}
+
+func (d *Daemon) kickExport() {
+	select {
+	case d.exportKick <- struct{}{}:
+	default:
+	}
+}
+
+// exportLoop keeps the export table equal to the blocks this node owns.
+func (d *Daemon) exportLoop(ctx context.Context) {
+	defer d.wg.Done()
+	for {
+		select {
+		case <-d.exportKick:
+			d.exportBlocks()
+		case <-d.done:
+			return
+		}
+	}
+}
+
+func (d *Daemon) exportBlocks() {
+	d.exportMu.Lock()
+	defer d.exportMu.Unlock()
+	if err := d.dp.SetExportedBlocks(d.ipam.OwnedBlocks()); err != nil {
+		d.log.Error("export block routes", "err", err)
+	}
+}

@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// reconcile rebuilds skeind's view on start and removes leftovers it can
+// prove are its own:
+//
+//  1. every stored attachment's addresses are marked used again (the store
+//     is written before the kernel, so it covers everything plumbed);
+//  2. host links tagged with skein's alias prefix that no attachment
+//     claims are leftovers of an interrupted DEL: they are deleted;
+//  3. an attachment whose host link is gone AND whose netns path no longer
+//     exists belongs to a container that is gone: it is released. One whose
+//     netns still exists is kept — its runtime will DEL it, or GC will.
+//  4. the export table is set to the blocks this node owns.
+func (d *Daemon) reconcile(ctx context.Context) error {
+	start := time.Now()
+	if err := d.ipam.LoadAll(ctx); err != nil {
+		return err
+	}
+	atts, err := d.st.ListAttachments(ctx)
+	if err != nil {
+		return err
+	}
+	found, err := d.dp.Scan()
+	if err != nil {
+		return fmt.Errorf("scan kernel: %w", err)
+	}
+	links := map[string]bool{}
+	for _, f := range found {
+		links[f.HostName] = true
+	}
+	claimed := map[string]bool{}
+	var restored, released, removed int
+	for _, a := range atts {
+		if !links[a.HostLink] && a.HostLink != "" && a.Owner == OwnerCNI && netns.IsNetNS(a.NetNS) != nil {
+			d.log.Info("reconcile: releasing attachment of a vanished container", "key", a.AttachmentKey, "addrs", a.Addrs)
+			if err := d.st.DeleteAttachment(ctx, a.AttachmentKey); err != nil {
+				return err
+			}
+			released++
+			continue
+		}
+		if err := d.ipam.Restore(ctx, a.Pool, a.Addrs); err != nil {
+			d.log.Error("reconcile: cannot restore addresses", "key", a.AttachmentKey, "addrs", a.Addrs, "err", err)
+			continue
+		}
+		claimed[a.HostLink] = true
+		restored++
+	}
+	for _, f := range found {
+		if claimed[f.HostName] || !strings.HasPrefix(f.Alias, d.dpConfig.AliasPrefix) {
+			continue
+		}
+		d.log.Info("reconcile: removing leftover link", "link", f.HostName, "alias", f.Alias)
+		if err := d.dp.Teardown(f.HostName, "", "", f.Addrs); err != nil {
+			d.log.Error("reconcile: remove leftover link", "link", f.HostName, "err", err)
+			continue
+		}
+		removed++
+	}
+	d.metrics.attachments.Set(float64(restored))
+	d.exportBlocks()
+	d.log.Info("reconciled", "attachments", restored, "released", released, "leftoverLinks", removed, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}

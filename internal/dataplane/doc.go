@@ -1,0 +1,55 @@
+// Package dataplane programs skein's routed-veth dataplane through netlink:
+// one veth pair per attachment, no bridge, per-pod host routes in their own
+// table, and block routes exported for a routing daemon. It owns every link,
+// address, route, rule and per-interface sysctl skein creates in the node's
+// network namespace and the container side of each pair; it enters
+// namespaces only through internal/netns.
+//
+// # The routing trick
+//
+// A pod gets its address as a /32 (/128) on its eth0, so it has no on-link
+// subnet: every destination, even a pod on the same node, is reached through
+// the default route, and that default route points at a link-local gateway,
+// 169.254.1.1 "onlink" for IPv4 and fe80::1 for IPv6. No pod ever needs to
+// ARP for another pod or for a real router; it only ever resolves the
+// gateway.
+//
+// The host answers for the gateway on every host-side veth: each one carries
+// 169.254.1.1/32 and fe80::1/64 (without DAD, as the same address is
+// deliberately on many links). Because the address is local to the node, the
+// kernel answers ARP and neighbour solicitations for it on whichever veth
+// asks, so the gateway address is the same for every pod and costs no
+// allocation. Proxy ARP on the host veth additionally makes the host answer
+// ARP for any address, so a runtime that imposes a wider prefix (Docker hands
+// out a /24 and then ARPs for neighbours directly) still sends everything to
+// the host.
+//
+// Packets reach the host on the pod's veth and are routed like any other:
+// the host holds one route per pod address, "addr dev <host veth> scope
+// link", in PodTable (116), consulted through the rule "from all lookup
+// PodTable" at RulePriority (2000) in both families. The host resolves the
+// pod's address directly on the veth, using the gateway address as the ARP/ND
+// source, and the pod answers because the address is its own. Keeping pod
+// routes out of the main table keeps them apart from the node's own routing
+// and makes them cheap to find (one table dump, tagged with PodRouteProto).
+//
+// IPv4 forwarding is enabled per host veth (conf/<veth>/forwarding), which is
+// what the kernel checks on input, so the node's other interfaces are left
+// alone. IPv6 has no such per-input switch before Linux 6.17: the node must
+// have net.ipv6.conf.all.forwarding=1 (Config.NodeForwarding), and on 6.17+
+// the host veth's force_forwarding is set so that pod traffic is forwarded
+// either way.
+//
+// # Tags
+//
+// skein recognises its own objects by tags, never by memory: host veths carry
+// an alias starting with Config.AliasPrefix, pod routes carry rtm_protocol
+// PodRouteProto, exported block routes ExportProto. Scan rebuilds the view of
+// what is plumbed from one link dump and one route dump.
+//
+// # Concurrency
+//
+// A Dataplane is safe for concurrent use; it takes no lock of its own. Its
+// node-side netlink socket serialises one request at a time, which costs
+// little next to the kernel's own rtnl lock.
+package dataplane

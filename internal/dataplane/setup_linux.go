@@ -1,0 +1,293 @@
+package dataplane
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// Link describes one attachment to plumb.
+type Link struct {
+	HostName     string           // host-side veth name, at most 15 bytes, derived by the caller
+	Alias        string           // alias of the host veth; must start with Config.AliasPrefix
+	NetNS        string           // pod namespace path
+	IfName       string           // container-side name, e.g. "eth0"
+	Addrs        []netip.Addr     // pod addresses, installed as /32 and /128
+	MTU          int              // 0 = Config.MTU (or the uplink's)
+	ContainerMAC net.HardwareAddr // optional MAC of the container side
+}
+
+// Applied is what Setup plumbed.
+type Applied struct {
+	HostIndex      int
+	HostMAC        net.HardwareAddr
+	ContainerIndex int
+	ContainerMAC   net.HardwareAddr
+	MTU            int
+}
+
+// Setup plumbs l: a veth pair, the pod side addressed and routed through the
+// gateways, the host side answering for the gateways and routed to in
+// PodTable. It is all-or-nothing: on any failure it deletes what it created
+// and returns an *Error. A taken host or container name gives ErrLinkExists
+// and the existing link is not touched. Addresses already routed in PodTable
+// (to another pod) make Setup fail rather than steal them.
+//
+// The recipe keeps netlink round trips few, since ADD latency matters:
+// one LinkAdd creates both ends, the peer directly in the pod namespace and
+// the host end already up; MACs are chosen here so nothing has to be read
+// back but the container index.
+func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
+	defer wrap(&retErr, "setup", l.HostName)
+	v4, v6, mtu, err := d.validateLink(l)
+	if err != nil {
+		return Applied{}, err
+	}
+
+	// 1. The pod namespace: verify it, keep an fd for the veth peer and a
+	// netlink socket inside it.
+	if err := netns.IsNetNS(l.NetNS); err != nil {
+		return Applied{}, err
+	}
+	nsFile, err := os.Open(l.NetNS)
+	if err != nil {
+		return Applied{}, fmt.Errorf("open netns: %w", err)
+	}
+	defer nsFile.Close()
+	pod, closePod, err := netns.Handle(l.NetNS)
+	if err != nil {
+		return Applied{}, err
+	}
+	defer closePod()
+
+	// 2. The veth pair in one request.
+	hostMAC := randomMAC()
+	ctrMAC := l.ContainerMAC
+	if ctrMAC == nil {
+		ctrMAC = randomMAC()
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU = l.HostName, mtu
+	attrs.HardwareAddr = hostMAC
+	attrs.Flags = net.FlagUp
+	veth := &netlink.Veth{
+		LinkAttrs:        attrs,
+		PeerName:         l.IfName,
+		PeerMTU:          uint32(mtu),
+		PeerHardwareAddr: ctrMAC,
+		PeerTxQLen:       -1,
+		PeerNamespace:    netlink.NsFd(nsFile.Fd()),
+	}
+	if err := d.h.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return Applied{}, d.whichExists(pod, l)
+		}
+		return Applied{}, fmt.Errorf("create veth pair %s/%s: %w", l.HostName, l.IfName, err)
+	}
+	hostIndex := veth.Index // filled by LinkAdd's lookup; 0 if that failed
+	defer func() {
+		if retErr != nil {
+			d.rollback(hostIndex, l.HostName)
+		}
+	}()
+	if hostIndex == 0 {
+		link, err := d.h.LinkByName(l.HostName)
+		if err != nil {
+			return Applied{}, fmt.Errorf("find new host veth: %w", err)
+		}
+		hostIndex = link.Attrs().Index
+	}
+
+	// The kernel ignores IFLA_IFALIAS in a create request, so the ownership
+	// tag takes its own round trip.
+	if err := d.h.LinkSetAlias(veth, l.Alias); err != nil {
+		return Applied{}, fmt.Errorf("set alias of host veth: %w", err)
+	}
+
+	// 3. Host side. Sysctls first, so the veth answers ARP and forwards
+	// before the pod can send anything.
+	var sysctls [][2]string
+	if v4 {
+		sysctls = append(sysctls,
+			[2]string{"net/ipv4/conf/" + l.HostName + "/proxy_arp", "1"},
+			[2]string{"net/ipv4/conf/" + l.HostName + "/forwarding", "1"})
+	}
+	if v6 && d.forceForwarding6 {
+		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + l.HostName + "/force_forwarding", "1"})
+	}
+	if len(sysctls) > 0 {
+		if err := netns.WriteSysctls(d.cfg.NodeNetNS, sysctls...); err != nil {
+			return Applied{}, fmt.Errorf("host veth: %w", err)
+		}
+	}
+	if v4 {
+		gw := &netlink.Addr{IPNet: hostNet(d.cfg.GatewayV4), Scope: unix.RT_SCOPE_LINK}
+		if err := d.h.AddrAdd(veth, gw); err != nil {
+			return Applied{}, fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV4, err)
+		}
+	}
+	if v6 {
+		gw := &netlink.Addr{IPNet: &net.IPNet{IP: d.cfg.GatewayV6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := d.h.AddrAdd(veth, gw); err != nil {
+			return Applied{}, fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV6, err)
+		}
+	}
+	for _, a := range l.Addrs {
+		r := &netlink.Route{LinkIndex: hostIndex, Dst: hostNet(a), Table: d.cfg.PodTable, Protocol: netlink.RouteProtocol(d.cfg.PodRouteProto)}
+		if a.Is4() {
+			r.Scope = netlink.SCOPE_LINK
+		}
+		if err := d.h.RouteAdd(r); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return Applied{}, fmt.Errorf("route %s in table %d: already routed to another link: %w", a, d.cfg.PodTable, err)
+			}
+			return Applied{}, fmt.Errorf("route %s in table %d: %w", a, d.cfg.PodTable, err)
+		}
+	}
+
+	// 4. Pod side: up, addresses, default routes via the gateways.
+	ctr, err := pod.LinkByName(l.IfName)
+	if err != nil {
+		return Applied{}, fmt.Errorf("find %s in pod: %w", l.IfName, err)
+	}
+	if err := pod.LinkSetUp(ctr); err != nil {
+		return Applied{}, fmt.Errorf("set %s up: %w", l.IfName, err)
+	}
+	for _, a := range l.Addrs {
+		addr := &netlink.Addr{IPNet: hostNet(a)}
+		if a.Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := pod.AddrAdd(ctr, addr); err != nil {
+			return Applied{}, fmt.Errorf("add %s to %s: %w", a, l.IfName, err)
+		}
+	}
+	if v4 {
+		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: d.cfg.GatewayV4.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}
+		if err := pod.RouteAdd(r); err != nil {
+			return Applied{}, fmt.Errorf("pod default route via %s: %w", d.cfg.GatewayV4, err)
+		}
+	}
+	if v6 {
+		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: d.cfg.GatewayV6.AsSlice()}
+		if err := pod.RouteAdd(r); err != nil {
+			return Applied{}, fmt.Errorf("pod default route via %s: %w", d.cfg.GatewayV6, err)
+		}
+	}
+
+	return Applied{
+		HostIndex:      hostIndex,
+		HostMAC:        hostMAC,
+		ContainerIndex: ctr.Attrs().Index,
+		ContainerMAC:   ctr.Attrs().HardwareAddr,
+		MTU:            mtu,
+	}, nil
+}
+
+// rollback deletes the host veth Setup created, which takes the peer, the
+// addresses and every route through either end with it.
+func (d *Dataplane) rollback(index int, name string) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Index, attrs.Name = index, name
+	_ = d.h.LinkDel(&netlink.Veth{LinkAttrs: attrs})
+}
+
+// whichExists explains an EEXIST from LinkAdd without changing anything.
+func (d *Dataplane) whichExists(pod *netlink.Handle, l Link) error {
+	if _, err := d.h.LinkByName(l.HostName); err == nil {
+		return fmt.Errorf("host veth %q: %w", l.HostName, ErrLinkExists)
+	}
+	if _, err := pod.LinkByName(l.IfName); err == nil {
+		return fmt.Errorf("interface %q in %s: %w", l.IfName, l.NetNS, ErrLinkExists)
+	}
+	return fmt.Errorf("host veth %q or interface %q: %w", l.HostName, l.IfName, ErrLinkExists)
+}
+
+// validateLink checks l before anything is touched and reports which
+// families it uses and the MTU to apply.
+func (d *Dataplane) validateLink(l Link) (v4, v6 bool, mtu int, err error) {
+	if err := validIfName("host name", l.HostName); err != nil {
+		return false, false, 0, err
+	}
+	if err := validIfName("interface name", l.IfName); err != nil {
+		return false, false, 0, err
+	}
+	if !strings.HasPrefix(l.Alias, d.cfg.AliasPrefix) || len(l.Alias) > 255 {
+		return false, false, 0, fmt.Errorf("alias %q must start with %q and fit 255 bytes: %w", l.Alias, d.cfg.AliasPrefix, ErrInvalid)
+	}
+	if l.NetNS == "" {
+		return false, false, 0, fmt.Errorf("no pod netns: %w", ErrInvalid)
+	}
+	if len(l.Addrs) == 0 {
+		return false, false, 0, fmt.Errorf("no addresses: %w", ErrInvalid)
+	}
+	seen := map[netip.Addr]bool{}
+	for _, a := range l.Addrs {
+		switch {
+		case !a.IsValid(), a.Zone() != "", a.Is4In6(), a.IsUnspecified(), a.IsLoopback(),
+			a.IsMulticast(), a.IsLinkLocalUnicast(), a.IsInterfaceLocalMulticast():
+			return false, false, 0, fmt.Errorf("address %q cannot be a pod address: %w", a, ErrInvalid)
+		case seen[a]:
+			return false, false, 0, fmt.Errorf("address %s given twice: %w", a, ErrInvalid)
+		case a == d.cfg.GatewayV4 || a == d.cfg.GatewayV6:
+			return false, false, 0, fmt.Errorf("address %s is the gateway: %w", a, ErrInvalid)
+		}
+		seen[a] = true
+		v4, v6 = v4 || a.Is4(), v6 || a.Is6()
+	}
+	mtu = l.MTU
+	if mtu == 0 {
+		mtu = d.mtu
+	}
+	switch {
+	case mtu < 68 || mtu > 65535:
+		return false, false, 0, fmt.Errorf("mtu %d out of range: %w", mtu, ErrInvalid)
+	case v6 && mtu < 1280:
+		return false, false, 0, fmt.Errorf("mtu %d is below IPv6's minimum 1280: %w", mtu, ErrInvalid)
+	}
+	if l.ContainerMAC != nil && (len(l.ContainerMAC) != 6 || l.ContainerMAC[0]&1 == 1 || isZero(l.ContainerMAC)) {
+		return false, false, 0, fmt.Errorf("container mac %s is not a unicast ethernet address: %w", l.ContainerMAC, ErrInvalid)
+	}
+	return v4, v6, mtu, nil
+}
+
+// validIfName applies the kernel's rules (dev_valid_name).
+func validIfName(what, name string) error {
+	if name == "" || len(name) > unix.IFNAMSIZ-1 || name == "." || name == ".." ||
+		strings.ContainsAny(name, "/: \t\n\r\v\f") {
+		return fmt.Errorf("%s %q is not a valid interface name: %w", what, name, ErrInvalid)
+	}
+	return nil
+}
+
+func isZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// randomMAC returns a random locally administered unicast address, as the
+// kernel would pick; choosing it here saves reading it back.
+func randomMAC() net.HardwareAddr {
+	mac := make(net.HardwareAddr, 6)
+	_, _ = rand.Read(mac)
+	mac[0] = mac[0]&^1 | 2
+	return mac
+}
+
+// hostNet is a as a /32 or /128.
+func hostNet(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}

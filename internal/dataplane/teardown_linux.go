@@ -1,0 +1,102 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// Teardown removes the attachment whose host veth is hostName. Deleting the
+// host veth takes its peer, the pod's addresses and routes, and the host
+// routes in PodTable with it, in one synchronous kernel operation.
+//
+// It is idempotent: it succeeds when the link, the namespace or both are
+// already gone. If no link is called hostName, it looks for the pair from the
+// pod side (ifName in netnsPath) and deletes the host end only if it is a
+// skein-tagged veth whose peer is that very interface. A link named hostName
+// without skein's alias gives ErrNotOwned and is left alone.
+//
+// addrs is accepted for symmetry with Setup but routes are not deleted by
+// address: they vanish with the link, and by the time a DEL runs the address
+// may already route to a new pod.
+func (d *Dataplane) Teardown(hostName, netnsPath, ifName string, addrs []netip.Addr) (retErr error) {
+	defer wrap(&retErr, "teardown", hostName)
+	_ = addrs
+	link, err := d.h.LinkByName(hostName)
+	switch {
+	case err == nil:
+		if !strings.HasPrefix(link.Attrs().Alias, d.cfg.AliasPrefix) {
+			return fmt.Errorf("alias %q: %w", link.Attrs().Alias, ErrNotOwned)
+		}
+		return d.deleteLink(link)
+	case !isNotFound(err):
+		return fmt.Errorf("find host veth: %w", err)
+	}
+	if netnsPath == "" || ifName == "" {
+		return nil
+	}
+	link, err = d.hostEndFromPod(netnsPath, ifName)
+	if err != nil || link == nil {
+		return err
+	}
+	return d.deleteLink(link)
+}
+
+func (d *Dataplane) deleteLink(link netlink.Link) error {
+	if err := d.h.LinkDel(link); err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete %s: %w", link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// hostEndFromPod finds the host end of the veth called ifName in the pod
+// namespace, or nil if there is none that skein owns.
+func (d *Dataplane) hostEndFromPod(netnsPath, ifName string) (netlink.Link, error) {
+	if err := netns.IsNetNS(netnsPath); err != nil {
+		if errors.Is(err, netns.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	pod, closePod, err := netns.Handle(netnsPath)
+	if err != nil {
+		if errors.Is(err, netns.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer closePod()
+	ctr, err := pod.LinkByName(ifName)
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("find %s in pod: %w", ifName, err)
+	}
+	if ctr.Type() != "veth" || ctr.Attrs().ParentIndex == 0 {
+		return nil, nil
+	}
+	host, err := d.h.LinkByIndex(ctr.Attrs().ParentIndex)
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("find peer of %s: %w", ifName, err)
+	}
+	if host.Type() != "veth" || host.Attrs().ParentIndex != ctr.Attrs().Index ||
+		!strings.HasPrefix(host.Attrs().Alias, d.cfg.AliasPrefix) {
+		return nil, nil
+	}
+	return host, nil
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
+}

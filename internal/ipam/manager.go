@@ -1,0 +1,594 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// Errors callers branch on (the CNI layer maps them to error codes).
+var (
+	ErrPoolNotFound = errors.New("pool not found")
+	ErrExhausted    = errors.New("no free address")
+	ErrInUse        = errors.New("address in use")
+	ErrOutOfPool    = errors.New("address not in pool")
+	ErrReserved     = errors.New("address reserved")
+	ErrInvalidPool  = errors.New("invalid pool")
+)
+
+// Options configures a Manager.
+type Options struct {
+	// Store is required.
+	Store store.Store
+	// Node is this node's name; blocks are claimed under it. Required.
+	Node string
+	// OnBlocksChanged, if set, is called after this node claims a block,
+	// so the route export can follow. It is called with no lock of the
+	// Manager held (it may call OwnedBlocks), on the goroutine that
+	// claimed the block, which waits for it: it should return quickly.
+	OnBlocksChanged func()
+}
+
+// Manager hands out addresses from pools. Each pool has its own lock held
+// for microseconds while a bitmap is searched; there is no lock shared by
+// all ADDs. Claiming a new block (a store write) happens under the pool's
+// lock, once per 2^bits addresses.
+type Manager struct {
+	st      store.Store
+	node    string
+	changed func()
+
+	mu    sync.RWMutex
+	pools map[string]*poolState
+}
+
+type poolState struct {
+	mu     sync.Mutex
+	def    store.Pool
+	geo    *Geometry
+	blocks map[uint32]*blockState
+	order  []uint32 // owned block indices, ascending
+	cursor int      // position in order where the search starts
+	// claimed is set when a block is claimed under mu; unlock reports it
+	// through OnBlocksChanged once mu is released.
+	claimed bool
+}
+
+type blockState struct {
+	index      uint32
+	v4, v6     *bitmap
+	res4, res6 uint32 // offsets reserved (counted as used in the bitmaps)
+}
+
+// NewManager returns a manager over o.Store.
+func NewManager(o Options) (*Manager, error) {
+	if o.Store == nil || o.Node == "" {
+		return nil, errors.New("ipam: Store and Node are required")
+	}
+	changed := o.OnBlocksChanged
+	if changed == nil {
+		changed = func() {}
+	}
+	return &Manager{st: o.Store, node: o.Node, changed: changed, pools: map[string]*poolState{}}, nil
+}
+
+// ValidatePool checks a pool definition and fills defaults.
+func ValidatePool(p *store.Pool) error {
+	if err := ValidateName(p.Name); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidPool, err)
+	}
+	if p.BlockSizeBits == 0 {
+		p.BlockSizeBits = DefaultBlockSizeBits
+	}
+	if _, err := NewGeometry(p.Subnets, p.BlockSizeBits, p.Reserved); err != nil {
+		return fmt.Errorf("%w %q: %v", ErrInvalidPool, p.Name, err)
+	}
+	return nil
+}
+
+// ValidateName accepts DNS-label-like names (what Kubernetes would accept
+// for an object name): 1-63 of [a-z0-9-.], starting and ending alphanumeric.
+func ValidateName(n string) error {
+	if n == "" || len(n) > 63 {
+		return fmt.Errorf("name %q must be 1-63 characters", n)
+	}
+	for i, c := range n {
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && !(c == '-' || c == '.') || (i == 0 || i == len(n)-1) && !alnum {
+			return fmt.Errorf("name %q: use lower-case letters, digits, '-' and '.', starting and ending with a letter or digit", n)
+		}
+	}
+	return nil
+}
+
+// CreatePool validates p and stores it; subnets overlapping another pool's
+// are refused.
+func (m *Manager) CreatePool(ctx context.Context, p store.Pool) (store.Pool, error) {
+	if err := ValidatePool(&p); err != nil {
+		return p, err
+	}
+	if p.Created.IsZero() {
+		p.Created = time.Now().UTC()
+	}
+	err := m.st.CreatePool(ctx, p, func(existing []store.Pool) error {
+		for _, e := range existing {
+			if a, b, ok := Overlaps(p.Subnets, e.Subnets); ok {
+				return fmt.Errorf("%w: subnet %v of pool %q overlaps %v of pool %q", ErrInvalidPool, a, p.Name, b, e.Name)
+			}
+		}
+		return nil
+	})
+	return p, err
+}
+
+// DeletePool deletes a pool no attachment holds. The error names the
+// holders otherwise.
+func (m *Manager) DeletePool(ctx context.Context, name string) error {
+	err := m.st.DeletePool(ctx, name, func(holders []store.Attachment) error {
+		if len(holders) == 0 {
+			return nil
+		}
+		store.SortAttachments(holders)
+		var names []string
+		for i, h := range holders {
+			if i == 5 {
+				names = append(names, fmt.Sprintf("and %d more", len(holders)-5))
+				break
+			}
+			names = append(names, h.AttachmentKey.String())
+		}
+		return fmt.Errorf("pool %q is in use by %d attachment(s): %s: %w", name, len(holders), strings.Join(names, ", "), store.ErrConflict)
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: %q", ErrPoolNotFound, name)
+	}
+	if err == nil {
+		m.mu.Lock()
+		delete(m.pools, name)
+		m.mu.Unlock()
+	}
+	return err
+}
+
+// pool returns the in-memory state of a pool, loading it on first use.
+func (m *Manager) pool(ctx context.Context, name string) (*poolState, error) {
+	m.mu.RLock()
+	ps := m.pools[name]
+	m.mu.RUnlock()
+	if ps != nil {
+		return ps, nil
+	}
+	def, err := m.st.GetPool(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %q", ErrPoolNotFound, name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	geo, err := NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
+	if err != nil {
+		return nil, fmt.Errorf("stored pool %q: %w", name, err)
+	}
+	blocks, err := m.st.ListBlocks(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	ps = &poolState{def: def, geo: geo, blocks: map[uint32]*blockState{}}
+	for _, b := range blocks {
+		if b.Node == m.node && b.Index < geo.Blocks() {
+			ps.addBlock(b.Index)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if other := m.pools[name]; other != nil {
+		return other, nil
+	}
+	m.pools[name] = ps
+	return ps, nil
+}
+
+func (ps *poolState) addBlock(i uint32) *blockState {
+	if b := ps.blocks[i]; b != nil {
+		return b
+	}
+	v4, v6 := ps.geo.Families()
+	b := &blockState{index: i}
+	size := ps.geo.BlockSize()
+	if v4 {
+		b.v4 = newBitmap(size)
+	}
+	if v6 {
+		b.v6 = newBitmap(size)
+	}
+	for off := uint32(0); off < size; off++ {
+		if v4 && ps.geo.Reserved(ps.geo.Addr(i, off, false)) {
+			b.v4.set(off)
+			b.res4++
+		}
+		if v6 && ps.geo.Reserved(ps.geo.Addr(i, off, true)) {
+			b.v6.set(off)
+			b.res6++
+		}
+	}
+	ps.blocks[i] = b
+	pos, _ := slices.BinarySearch(ps.order, i)
+	ps.order = slices.Insert(ps.order, pos, i)
+	return b
+}
+
+// Request asks for addresses from one pool.
+type Request struct {
+	Pool string
+	// IPv4, IPv6 select the families wanted; both false means every
+	// family the pool has.
+	IPv4, IPv6 bool
+	// Static addresses are taken exactly or the request fails. A family
+	// with a static address gets no dynamic one.
+	Static []netip.Addr
+	// Within, if set, limits dynamic addresses to these prefixes.
+	Within []netip.Prefix
+}
+
+// Allocate takes addresses for one attachment. On error nothing is held.
+func (m *Manager) Allocate(ctx context.Context, r Request) (addrs []netip.Addr, err error) {
+	ps, err := m.pool(ctx, r.Pool)
+	if err != nil {
+		return nil, err
+	}
+	has4, has6 := ps.geo.Families()
+	want4, want6 := r.IPv4, r.IPv6
+	if !want4 && !want6 {
+		want4, want6 = has4, has6
+	}
+	if want4 && !has4 || want6 && !has6 {
+		return nil, fmt.Errorf("%w: pool %q has no subnet of the family asked for", ErrExhausted, r.Pool)
+	}
+
+	ps.mu.Lock()
+	defer m.unlock(ps)
+	// On any failure give back what this request took so far: nothing is
+	// held after an error. (addrs and err are the named results.)
+	defer func() {
+		if err != nil {
+			ps.release(addrs)
+			addrs = nil
+		}
+	}()
+	for _, a := range r.Static {
+		if err := m.takeStatic(ctx, ps, a); err != nil {
+			return addrs, err
+		}
+		addrs = append(addrs, a.Unmap())
+		if a.Is4() || a.Is4In6() {
+			want4 = false
+		} else {
+			want6 = false
+		}
+	}
+	for _, v6 := range []bool{false, true} {
+		if v6 && !want6 || !v6 && !want4 {
+			continue
+		}
+		a, err := m.takeNext(ctx, ps, v6, r.Within)
+		if err != nil {
+			return addrs, err
+		}
+		addrs = append(addrs, a)
+	}
+	return addrs, nil
+}
+
+// unlock releases ps.mu and then, if a block was claimed meanwhile, tells
+// OnBlocksChanged: a callback that reads OwnedBlocks must not find the
+// pool's lock held by its own goroutine.
+func (m *Manager) unlock(ps *poolState) {
+	claimed := ps.claimed
+	ps.claimed = false
+	ps.mu.Unlock()
+	if claimed {
+		m.changed()
+	}
+}
+
+func (m *Manager) takeStatic(ctx context.Context, ps *poolState, a netip.Addr) error {
+	a = a.Unmap()
+	bi, off, ok := ps.geo.Locate(a)
+	if !ok {
+		return fmt.Errorf("%w: %v is not in pool %q", ErrOutOfPool, a, ps.def.Name)
+	}
+	if ps.geo.Reserved(a) {
+		return fmt.Errorf("%w: %v is reserved in pool %q", ErrReserved, a, ps.def.Name)
+	}
+	b := ps.blocks[bi]
+	if b == nil {
+		blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), &bi, nil)
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: %v is in block %d owned by node %q", ErrInUse, a, bi, blk.Node)
+		}
+		if err != nil {
+			return fmt.Errorf("claim block %d of pool %q: %w", bi, ps.def.Name, err)
+		}
+		b = ps.addBlock(bi)
+		ps.claimed = true
+	}
+	bm := b.v4
+	if a.Is6() {
+		bm = b.v6
+	}
+	if !bm.set(off) {
+		return fmt.Errorf("%w: %v is already assigned", ErrInUse, a)
+	}
+	return nil
+}
+
+func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within []netip.Prefix) (netip.Addr, error) {
+	within = familyOf(within, v6)
+	for n := 0; n < len(ps.order); n++ {
+		pos := (ps.cursor + n) % len(ps.order)
+		b := ps.blocks[ps.order[pos]]
+		if a, ok := ps.takeIn(b, v6, within); ok {
+			ps.cursor = pos
+			return a, nil
+		}
+	}
+	// Every owned block is full for this family: claim another one that
+	// intersects within (if given). The store tries candidate indices from
+	// 0 up to limit, so limit stops at the last block within can reach
+	// rather than at the end of a (possibly 2^32-block) pool.
+	limit, ok := ps.geo.Blocks(), func(uint32) bool(nil)
+	if len(within) > 0 {
+		ranges := ps.geo.blockRanges(within, v6)
+		if len(ranges) == 0 {
+			return netip.Addr{}, fmt.Errorf("%w in pool %q: no block of it lies within %v", ErrExhausted, ps.def.Name, within)
+		}
+		limit = 0
+		for _, r := range ranges {
+			limit = max(limit, r.end)
+		}
+		ok = func(i uint32) bool {
+			for _, r := range ranges {
+				if i >= r.start && i < r.end {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, limit, nil, ok)
+	if errors.Is(err, store.ErrExhausted) {
+		return netip.Addr{}, fmt.Errorf("%w in pool %q", ErrExhausted, ps.def.Name)
+	}
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("claim block of pool %q: %w", ps.def.Name, err)
+	}
+	b := ps.addBlock(blk.Index)
+	ps.claimed = true
+	ps.cursor, _ = slices.BinarySearch(ps.order, blk.Index)
+	if a, ok := ps.takeIn(b, v6, within); ok {
+		return a, nil
+	}
+	return netip.Addr{}, fmt.Errorf("%w in pool %q (new block %d has no usable address)", ErrExhausted, ps.def.Name, blk.Index)
+}
+
+// familyOf returns the prefixes of within in the family of v6. Within
+// restricts only the families it names: a dual-stack request with an IPv4
+// range (Docker's --ip-range) still gets any free IPv6 address.
+func familyOf(within []netip.Prefix, v6 bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, w := range within {
+		if w.IsValid() && w.Addr().Is6() == v6 {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func blockIntersects(g *Geometry, i uint32, v6 bool, within []netip.Prefix) bool {
+	if len(within) == 0 {
+		return true
+	}
+	p4, p6 := g.BlockPrefixes(i)
+	p := p4
+	if v6 {
+		p = p6
+	}
+	for _, w := range within {
+		if w.Overlaps(p) {
+			return true
+		}
+	}
+	return false
+}
+
+func (ps *poolState) takeIn(b *blockState, v6 bool, within []netip.Prefix) (netip.Addr, bool) {
+	bm := b.v4
+	if v6 {
+		bm = b.v6
+	}
+	if bm == nil || bm.full() {
+		return netip.Addr{}, false
+	}
+	var ok func(uint32) bool
+	if len(within) > 0 {
+		if !blockIntersects(ps.geo, b.index, v6, within) {
+			return netip.Addr{}, false
+		}
+		ok = func(off uint32) bool {
+			a := ps.geo.Addr(b.index, off, v6)
+			for _, w := range within {
+				if w.Contains(a) {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	off, found := bm.next(ok)
+	if !found {
+		return netip.Addr{}, false
+	}
+	return ps.geo.Addr(b.index, off, v6), true
+}
+
+// release clears addrs in ps; the caller holds ps.mu.
+func (ps *poolState) release(addrs []netip.Addr) {
+	for _, a := range addrs {
+		a = a.Unmap()
+		bi, off, ok := ps.geo.Locate(a)
+		if !ok || ps.geo.Reserved(a) {
+			continue
+		}
+		b := ps.blocks[bi]
+		if b == nil {
+			continue
+		}
+		if a.Is6() {
+			b.v6.clear(off)
+		} else {
+			b.v4.clear(off)
+		}
+	}
+}
+
+// Release frees addrs of pool. Unknown pools and addresses are ignored:
+// release is idempotent.
+func (m *Manager) Release(ctx context.Context, pool string, addrs []netip.Addr) {
+	ps, err := m.pool(ctx, pool)
+	if err != nil {
+		return
+	}
+	ps.mu.Lock()
+	ps.release(addrs)
+	ps.mu.Unlock()
+}
+
+// Restore marks addresses of an existing attachment used, on start. The
+// block must be this node's (claimed for it if free).
+func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) error {
+	ps, err := m.pool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	ps.mu.Lock()
+	defer m.unlock(ps)
+	for _, a := range addrs {
+		a = a.Unmap()
+		bi, off, ok := ps.geo.Locate(a)
+		if !ok {
+			return fmt.Errorf("%w: %v is not in pool %q", ErrOutOfPool, a, pool)
+		}
+		b := ps.blocks[bi]
+		if b == nil {
+			if _, err := m.st.ClaimBlock(ctx, pool, m.node, ps.geo.Blocks(), &bi, nil); err != nil {
+				return fmt.Errorf("restore %v: %w", a, err)
+			}
+			b = ps.addBlock(bi)
+			ps.claimed = true
+		}
+		bm := b.v4
+		if a.Is6() {
+			bm = b.v6
+		}
+		bm.set(off)
+		// Start the search after the highest restored offset so freshly
+		// freed addresses are not the first handed out after a restart.
+		// The cursor is not wrapped here (next wraps it): wrapping would
+		// let a lower offset restored later pull it back.
+		if off+1 > bm.cursor {
+			bm.cursor = off + 1
+		}
+	}
+	return nil
+}
+
+// Usage describes a pool's use on this node.
+type Usage struct {
+	Blocks      uint32 // blocks this node owns
+	Used        uint64 // addresses held by attachments (both families)
+	Free        uint64 // addresses free in owned blocks
+	CapacityV4  uint64 // usable IPv4 addresses in the whole pool (approx.: minus reservations in owned blocks)
+	CapacityV6  uint64
+	TotalBlocks uint32
+}
+
+// Usage reports how much of pool this node uses.
+func (m *Manager) Usage(ctx context.Context, pool string) (Usage, error) {
+	ps, err := m.pool(ctx, pool)
+	if err != nil {
+		return Usage{}, err
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	u := Usage{Blocks: uint32(len(ps.blocks)), TotalBlocks: ps.geo.Blocks()}
+	has4, has6 := ps.geo.Families()
+	per := uint64(ps.geo.BlockSize()) * uint64(ps.geo.Blocks())
+	if has4 {
+		u.CapacityV4 = per
+	}
+	if has6 {
+		u.CapacityV6 = per
+	}
+	for _, b := range ps.blocks {
+		if b.v4 != nil {
+			u.Used += uint64(b.v4.used - b.res4)
+			u.Free += uint64(b.v4.size - b.v4.used)
+		}
+		if b.v6 != nil {
+			u.Used += uint64(b.v6.used - b.res6)
+			u.Free += uint64(b.v6.size - b.v6.used)
+		}
+	}
+	return u, nil
+}
+
+// LoadAll loads every stored pool, so OwnedBlocks covers them.
+func (m *Manager) LoadAll(ctx context.Context) error {
+	pools, err := m.st.ListPools(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range pools {
+		if _, err := m.pool(ctx, p.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Pool returns a pool's definition and geometry.
+func (m *Manager) Pool(ctx context.Context, name string) (store.Pool, *Geometry, error) {
+	ps, err := m.pool(ctx, name)
+	if err != nil {
+		return store.Pool{}, nil, err
+	}
+	return ps.def, ps.geo, nil
+}
+
+// OwnedBlocks lists the prefixes of every block this node owns in the
+// pools loaded so far, for route export.
+func (m *Manager) OwnedBlocks() []netip.Prefix {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var out []netip.Prefix
+	for _, ps := range m.pools {
+		ps.mu.Lock()
+		for _, i := range ps.order {
+			v4, v6 := ps.geo.BlockPrefixes(i)
+			for _, p := range []netip.Prefix{v4, v6} {
+				if p.IsValid() {
+					out = append(out, p)
+				}
+			}
+		}
+		ps.mu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,112 @@
+package harness
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// State is a comparable picture of a namespace's links, addresses, routes
+// (all tables, both families) and policy rules, each as a sorted list of
+// one-line descriptions. Interface indexes are replaced by names so that two
+// snapshots compare by meaning. Neighbour entries and counters are left out.
+type State struct {
+	Links  []string
+	Addrs  []string
+	Routes []string
+	Rules  []string
+}
+
+// Snapshot records ns's current State; it calls t.Fatal on netlink errors.
+func Snapshot(t testing.TB, ns *NS) State {
+	t.Helper()
+	h := ns.Handle(t)
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatalf("snapshot %s: links: %v", ns.name, err)
+	}
+	names := map[int]string{}
+	var st State
+	for _, l := range links {
+		a := l.Attrs()
+		names[a.Index] = a.Name
+		st.Links = append(st.Links, fmt.Sprintf("%s type=%s mtu=%d up=%t alias=%q",
+			a.Name, l.Type(), a.MTU, a.Flags&(1<<0) != 0, a.Alias))
+	}
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatalf("snapshot %s: addrs: %v", ns.name, err)
+	}
+	for _, a := range addrs {
+		st.Addrs = append(st.Addrs, fmt.Sprintf("%s dev %s", a.IPNet, names[a.LinkIndex]))
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatalf("snapshot %s: routes: %v", ns.name, err)
+	}
+	for _, r := range routes {
+		dst := "default"
+		if r.Dst != nil {
+			dst = r.Dst.String()
+		}
+		st.Routes = append(st.Routes, fmt.Sprintf("table %d type %d %s via %v dev %s proto %d scope %d",
+			r.Table, r.Type, dst, r.Gw, names[r.LinkIndex], r.Protocol, r.Scope))
+	}
+	rules, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatalf("snapshot %s: rules: %v", ns.name, err)
+	}
+	for _, r := range rules {
+		st.Rules = append(st.Rules, fmt.Sprintf("family %d prio %d table %d src %v dst %v",
+			r.Family, r.Priority, r.Table, r.Src, r.Dst))
+	}
+	for _, s := range [][]string{st.Links, st.Addrs, st.Routes, st.Rules} {
+		slices.Sort(s)
+	}
+	return st
+}
+
+// AssertSame reports (t.Errorf) every link, address, route or rule present in
+// only one of the two snapshots.
+func AssertSame(t testing.TB, before, after State) {
+	t.Helper()
+	for _, c := range []struct {
+		what string
+		a, b []string
+	}{
+		{"links", before.Links, after.Links},
+		{"addresses", before.Addrs, after.Addrs},
+		{"routes", before.Routes, after.Routes},
+		{"rules", before.Rules, after.Rules},
+	} {
+		if gone, added := diff(c.a, c.b); len(gone)+len(added) > 0 {
+			t.Errorf("%s changed:\n  gone:  %s\n  added: %s", c.what,
+				strings.Join(gone, "\n         "), strings.Join(added, "\n         "))
+		}
+	}
+}
+
+func diff(a, b []string) (onlyA, onlyB []string) {
+	count := map[string]int{}
+	for _, s := range a {
+		count[s]++
+	}
+	for _, s := range b {
+		count[s]--
+	}
+	for s, n := range count {
+		for ; n > 0; n-- {
+			onlyA = append(onlyA, s)
+		}
+		for ; n < 0; n++ {
+			onlyB = append(onlyB, s)
+		}
+	}
+	slices.Sort(onlyA)
+	slices.Sort(onlyB)
+	return onlyA, onlyB
+}
