@@ -191,6 +191,10 @@ func TestTeardownFindsHostEndFromPod(t *testing.T) {
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, node))
 
+	if err := d.Teardown("skvnone", "/etc/hostname", "eth0", nil); err != nil {
+		t.Errorf("Teardown with nothing left and a bogus netns path: %v", err)
+	}
+
 	foreign := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "notours", Alias: "someone-else", TxQLen: -1}, PeerName: "notours-p"}
 	if err := node.Handle(t).LinkAdd(foreign); err != nil {
 		t.Fatal(err)
@@ -255,7 +259,9 @@ func TestSetupFailuresLeaveNothing(t *testing.T) {
 		{"host name too long", mod(func(l *dataplane.Link) { l.HostName = "skvabcdefghijklmn" }), dataplane.ErrInvalid},
 		{"multicast mac", mod(func(l *dataplane.Link) { l.ContainerMAC = net.HardwareAddr{1, 0, 0, 0, 0, 1} }), dataplane.ErrInvalid},
 		// Fails late, after the veth pair exists: rollback must remove it.
-		{"address already routed", mod(func(l *dataplane.Link) { l.Addrs = []netip.Addr{netip.MustParseAddr("fd00:100::5"), netip.MustParseAddr("10.100.0.9")} }), unix.EEXIST},
+		{"address already routed", mod(func(l *dataplane.Link) {
+			l.Addrs = []netip.Addr{netip.MustParseAddr("fd00:100::5"), netip.MustParseAddr("10.100.0.9")}
+		}), unix.EEXIST},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			nodeBefore, podBefore := harness.Snapshot(t, node), harness.Snapshot(t, pod)
@@ -451,4 +457,42 @@ func TestUplinkMTU(t *testing.T) {
 	if app.MTU != 9000 {
 		t.Errorf("MTU = %d, want the uplink's 9000", app.MTU)
 	}
+}
+
+// TestConcurrentSetup plumbs pods from several goroutines at once; run with
+// -race it also checks the Dataplane shares no unsynchronised state.
+func TestConcurrentSetup(t *testing.T) {
+	harness.RequireRoot(t)
+	node, d := newNode(t, dataplane.Config{NodeForwarding: true})
+	before := harness.Snapshot(t, node)
+	const n = 6
+	links := make([]dataplane.Link, n)
+	for i := range links {
+		links[i] = podLink(harness.NewNS(t, "cpod"), i+1, fmt.Sprintf("10.100.1.%d", i+1), fmt.Sprintf("fd00:101::%d", i+1))
+	}
+	errs := make(chan error, n)
+	for _, l := range links {
+		go func() { _, err := d.Setup(l); errs <- err }()
+	}
+	for range links {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	found, err := d.Scan()
+	if err != nil || len(found) != n {
+		t.Errorf("Scan after concurrent Setup: %d links, %v", len(found), err)
+	}
+	for _, l := range links {
+		if err := d.Check(l); err != nil {
+			t.Error(err)
+		}
+		go func() { errs <- d.Teardown(l.HostName, l.NetNS, l.IfName, l.Addrs) }()
+	}
+	for range links {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, node))
 }

@@ -59,8 +59,8 @@ func (d *Dataplane) deleteLink(link netlink.Link) error {
 // namespace, or nil if there is none that skein owns.
 func (d *Dataplane) hostEndFromPod(netnsPath, ifName string) (netlink.Link, error) {
 	if err := netns.IsNetNS(netnsPath); err != nil {
-		if errors.Is(err, netns.ErrNotExist) {
-			return nil, nil
+		if errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetNS) {
+			return nil, nil // nothing of ours can be behind it
 		}
 		return nil, err
 	}

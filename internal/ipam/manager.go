@@ -233,7 +233,9 @@ type Request struct {
 	// Static addresses are taken exactly or the request fails. A family
 	// with a static address gets no dynamic one.
 	Static []netip.Addr
-	// Within, if set, limits dynamic addresses to these prefixes.
+	// Within, if set, limits dynamic addresses to these prefixes (Docker's
+	// --ip-range). It limits only the families it has prefixes of: with
+	// an IPv4 range alone, the IPv6 address is any free one.
 	Within []netip.Prefix
 }
 
@@ -340,29 +342,14 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 		}
 	}
 	// Every owned block is full for this family: claim another one that
-	// intersects within (if given). The store tries candidate indices from
-	// 0 up to limit, so limit stops at the last block within can reach
-	// rather than at the end of a (possibly 2^32-block) pool.
-	limit, ok := ps.geo.Blocks(), func(uint32) bool(nil)
-	if len(within) > 0 {
-		ranges := ps.geo.blockRanges(within, v6)
-		if len(ranges) == 0 {
-			return netip.Addr{}, fmt.Errorf("%w in pool %q: no block of it lies within %v", ErrExhausted, ps.def.Name, within)
-		}
-		limit = 0
-		for _, r := range ranges {
-			limit = max(limit, r.end)
-		}
-		ok = func(i uint32) bool {
-			for _, r := range ranges {
-				if i >= r.start && i < r.end {
-					return true
-				}
-			}
-			return false
-		}
+	// intersects within (if given).
+	var blk store.Block
+	var err error
+	if len(within) == 0 {
+		blk, err = m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), nil, nil)
+	} else {
+		blk, err = m.claimWithin(ctx, ps, ps.geo.blockRanges(within, v6))
 	}
-	blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, limit, nil, ok)
 	if errors.Is(err, store.ErrExhausted) {
 		return netip.Addr{}, fmt.Errorf("%w in pool %q", ErrExhausted, ps.def.Name)
 	}
@@ -376,6 +363,52 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 		return a, nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w in pool %q (new block %d has no usable address)", ErrExhausted, ps.def.Name, blk.Index)
+}
+
+// claimWithin claims the lowest free block in ranges. The store's ok
+// filter would test every index from 0 (2^32 of them in an IPv6 /64 pool),
+// so the free index is found here from the claimed blocks and asked for by
+// number; losing it to another node's claim meanwhile means trying again.
+func (m *Manager) claimWithin(ctx context.Context, ps *poolState, ranges []indexRange) (store.Block, error) {
+	const attempts = 5
+	for range attempts {
+		claimed, err := m.st.ListBlocks(ctx, ps.def.Name)
+		if err != nil {
+			return store.Block{}, err
+		}
+		taken := make([]uint32, 0, len(claimed))
+		for _, b := range claimed {
+			taken = append(taken, b.Index)
+		}
+		slices.Sort(taken)
+		i, ok := lowestFree(ranges, taken)
+		if !ok {
+			return store.Block{}, store.ErrExhausted
+		}
+		blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), &i, nil)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		return blk, err
+	}
+	return store.Block{}, fmt.Errorf("lost the race for a free block %d times: %w", attempts, store.ErrConflict)
+}
+
+// lowestFree returns the lowest index in ranges not in taken (sorted).
+func lowestFree(ranges []indexRange, taken []uint32) (uint32, bool) {
+	best, found := uint32(0), false
+	for _, r := range ranges {
+		i := r.start
+		k, _ := slices.BinarySearch(taken, i)
+		for k < len(taken) && taken[k] == i && i < r.end {
+			i++
+			k++
+		}
+		if i < r.end && (!found || i < best) {
+			best, found = i, true
+		}
+	}
+	return best, found
 }
 
 // familyOf returns the prefixes of within in the family of v6. Within

@@ -2,9 +2,11 @@ package harness
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -22,9 +24,17 @@ type State struct {
 }
 
 // Snapshot records ns's current State; it calls t.Fatal on netlink errors.
+//
+// IPv6 addresses settle asynchronously: duplicate address detection runs
+// from a work queue (for about a second on links with carrier, a moment on
+// lo) and only then does the kernel install the local route. So Snapshot
+// first waits, up to three seconds, until no IPv6 address on a link with
+// carrier is tentative and every address past DAD has its local route;
+// otherwise two snapshots of an unchanged namespace could differ.
 func Snapshot(t testing.TB, ns *NS) State {
 	t.Helper()
 	h := ns.Handle(t)
+	settle(t, h)
 	links, err := h.LinkList()
 	if err != nil {
 		t.Fatalf("snapshot %s: links: %v", ns.name, err)
@@ -35,7 +45,7 @@ func Snapshot(t testing.TB, ns *NS) State {
 		a := l.Attrs()
 		names[a.Index] = a.Name
 		st.Links = append(st.Links, fmt.Sprintf("%s type=%s mtu=%d up=%t alias=%q",
-			a.Name, l.Type(), a.MTU, a.Flags&(1<<0) != 0, a.Alias))
+			a.Name, l.Type(), a.MTU, a.Flags&net.FlagUp != 0, a.Alias))
 	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
@@ -109,4 +119,51 @@ func diff(a, b []string) (onlyA, onlyB []string) {
 	slices.Sort(onlyA)
 	slices.Sort(onlyB)
 	return onlyA, onlyB
+}
+
+func settle(t testing.TB, h *netlink.Handle) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if settled(t, h) {
+			return
+		}
+	}
+}
+
+func settled(t testing.TB, h *netlink.Handle) bool {
+	t.Helper()
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatalf("snapshot: links: %v", err)
+	}
+	carrier := map[int]bool{}
+	for _, l := range links {
+		carrier[l.Attrs().Index] = l.Attrs().RawFlags&unix.IFF_LOWER_UP != 0
+	}
+	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatalf("snapshot: addrs: %v", err)
+	}
+	local, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatalf("snapshot: local routes: %v", err)
+	}
+	have := map[string]bool{}
+	for _, r := range local {
+		if r.Dst != nil {
+			have[fmt.Sprintf("%d %s", r.LinkIndex, r.Dst.IP)] = true
+		}
+	}
+	for _, a := range addrs {
+		switch {
+		case a.Flags&unix.IFA_F_DADFAILED != 0:
+		case a.Flags&unix.IFA_F_TENTATIVE != 0:
+			if carrier[a.LinkIndex] {
+				return false
+			}
+		case !have[fmt.Sprintf("%d %s", a.LinkIndex, a.IP)]:
+			return false
+		}
+	}
+	return true
 }

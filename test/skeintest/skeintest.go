@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -275,9 +276,11 @@ func RT(containerID, netnsPath, ifName string) *libcni.RuntimeConf {
 }
 
 // ErrCode returns the spec code of a plugin error (0 if err is nil or not
-// a spec error).
+// a spec error). libcni wraps plugin errors; the code is found through
+// the wrapping.
 func ErrCode(err error) uint {
-	if e, ok := err.(*types.Error); ok {
+	var e *types.Error
+	if errors.As(err, &e) {
 		return e.Code
 	}
 	return 0
