@@ -79,6 +79,7 @@ type Daemon struct {
 	done       chan struct{}
 
 	grpc    *grpc.Server
+	onStop  []func()
 	http    *http.Server
 	closeMu sync.Mutex
 	closed  bool
@@ -151,7 +152,33 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	d.grpc = grpc.NewServer()
+	rpc.RegisterCNIServer(d.grpc, &cniServer{d: d})
+	rpc.RegisterAdminServer(d.grpc, &adminServer{d: d})
 	return d, nil
+}
+
+// GRPC is the server behind the socket; front doors in other packages
+// register their services on it before Serve.
+func (d *Daemon) GRPC() *grpc.Server { return d.grpc }
+
+// OnStop registers f to run when the daemon closes, before the store is
+// closed (front doors stop their own servers there). Not safe to call
+// concurrently with Close.
+func (d *Daemon) OnStop(f func()) { d.onStop = append(d.onStop, f) }
+
+// Logger is the daemon's logger.
+func (d *Daemon) Logger() *slog.Logger { return d.log }
+
+// Dataplane is the kernel programming layer, for front doors.
+func (d *Daemon) Dataplane() *dataplane.Dataplane { return d.dp }
+
+// Node is this node's name.
+func (d *Daemon) Node() string { return d.cfg.Node }
+
+// Observe records a front door's request in the metrics; code 0 is success.
+func (d *Daemon) Observe(frontdoor, verb string, code uint, took time.Duration) {
+	d.metrics.observe(frontdoor, verb, code, took)
 }
 
 func checkLoopback(addr string) error {
@@ -209,10 +236,6 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		l.Close()
 		return fmt.Errorf("chmod socket: %w", err)
 	}
-	d.grpc = grpc.NewServer()
-	rpc.RegisterCNIServer(d.grpc, &cniServer{d: d})
-	rpc.RegisterAdminServer(d.grpc, &adminServer{d: d})
-
 	errc := make(chan error, 2)
 	if d.cfg.MetricsAddr != "off" {
 		ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
@@ -253,6 +276,9 @@ func (d *Daemon) Close() error {
 	d.closed = true
 	if d.grpc != nil {
 		d.grpc.GracefulStop()
+	}
+	for i := len(d.onStop) - 1; i >= 0; i-- {
+		d.onStop[i]()
 	}
 	if d.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -105,6 +105,7 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 			return Applied{}, fmt.Errorf("find new host veth: %w", err)
 		}
 		hostIndex = link.Attrs().Index
+		veth.Index = hostIndex
 	}
 
 	// The kernel ignores IFLA_IFALIAS in a create request, so the ownership
@@ -173,13 +174,13 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 	}
 	if v4 {
 		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: d.cfg.GatewayV4.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}
-		if err := pod.RouteAdd(r); err != nil {
+		if err := addDefaultRoute(pod, r); err != nil {
 			return Applied{}, fmt.Errorf("pod default route via %s: %w", d.cfg.GatewayV4, err)
 		}
 	}
 	if v6 {
 		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: d.cfg.GatewayV6.AsSlice()}
-		if err := pod.RouteAdd(r); err != nil {
+		if err := addDefaultRoute(pod, r); err != nil {
 			return Applied{}, fmt.Errorf("pod default route via %s: %w", d.cfg.GatewayV6, err)
 		}
 	}
@@ -291,3 +292,20 @@ func randomMAC() net.HardwareAddr {
 func hostNet(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
 }
+
+// addDefaultRoute adds a pod's default route. A pod that already has one
+// (a second interface: Multus, or a second skein network) keeps it as its
+// primary; this interface's default route gets a metric of its own, above
+// the kernel's defaults, so both exist and the first one wins.
+func addDefaultRoute(pod *netlink.Handle, r *netlink.Route) error {
+	err := pod.RouteAdd(r)
+	if !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	r.Priority = secondaryMetricBase + r.LinkIndex
+	return pod.RouteAdd(r)
+}
+
+// secondaryMetricBase is the metric of default routes of secondary
+// interfaces, plus their index (distinct per interface).
+const secondaryMetricBase = 2048

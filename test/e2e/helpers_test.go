@@ -68,22 +68,31 @@ func (e *env) list(t testing.TB, name, version string, extra skeintest.Plugin) *
 	return skeintest.ConfList(t, name, version, e.d.SkeinPlugin(extra))
 }
 
+// ctx is a context for one call made on the test's goroutine.
 func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), callTimeout)
 	t.Cleanup(cancel)
 	return c
 }
 
-func (e *env) add(t testing.TB, l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (types.Result, error) {
-	return e.cni.AddNetworkList(ctx(t), l, rt)
+// add, del and check are safe to call from several goroutines.
+
+func (e *env) add(_ testing.TB, l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (types.Result, error) {
+	c, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	return e.cni.AddNetworkList(c, l, rt)
 }
 
-func (e *env) del(t testing.TB, l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	return e.cni.DelNetworkList(ctx(t), l, rt)
+func (e *env) del(_ testing.TB, l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	c, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	return e.cni.DelNetworkList(c, l, rt)
 }
 
-func (e *env) check(t testing.TB, l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	return e.cni.CheckNetworkList(ctx(t), l, rt)
+func (e *env) check(_ testing.TB, l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	c, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	return e.cni.CheckNetworkList(c, l, rt)
 }
 
 // pod is one successful ADD.
@@ -126,11 +135,19 @@ func (e *env) mustDel(t testing.TB, l *libcni.NetworkConfigList, rt *libcni.Runt
 // asCurrent converts any result to the 1.0.0 types.
 func asCurrent(t testing.TB, r types.Result) *types100.Result {
 	t.Helper()
-	res, err := types100.NewResultFromResult(r)
+	res, err := asCurrentErr(r)
 	if err != nil {
-		t.Fatalf("convert result %v: %v", r, err)
+		t.Fatal(err)
 	}
 	return res
+}
+
+func asCurrentErr(r types.Result) (*types100.Result, error) {
+	res, err := types100.NewResultFromResult(r)
+	if err != nil {
+		return nil, fmt.Errorf("convert result %v: %w", r, err)
+	}
+	return res, nil
 }
 
 // ctrAddrs returns the addresses the result assigns to interface ifName in
@@ -203,8 +220,9 @@ func attKeys(atts []*rpc.Attachment) []string {
 	return s
 }
 
-// hostLinks returns the names of the skein-tagged links in the node
-// namespace, sorted.
+// hostLinks returns the names of every link in the node namespace but lo,
+// sorted. A test node has nothing else, so these are skein's host veths —
+// including any it failed to tag.
 func hostLinks(t testing.TB, node *harness.NS) []string {
 	t.Helper()
 	links, err := node.Handle(t).LinkList()
@@ -213,11 +231,27 @@ func hostLinks(t testing.TB, node *harness.NS) []string {
 	}
 	var out []string
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Alias, "skein:") {
+		if l.Attrs().Name != "lo" {
 			out = append(out, l.Attrs().Name)
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// untaggedLinks returns the node's links (but lo) without skein's alias.
+func untaggedLinks(t testing.TB, node *harness.NS) []string {
+	t.Helper()
+	links, err := node.Handle(t).LinkList()
+	if err != nil {
+		t.Fatalf("list node links: %v", err)
+	}
+	var out []string
+	for _, l := range links {
+		if a := l.Attrs(); a.Name != "lo" && !strings.HasPrefix(a.Alias, "skein:") {
+			out = append(out, a.Name)
+		}
+	}
 	return out
 }
 

@@ -25,12 +25,15 @@ type State struct {
 
 // Snapshot records ns's current State; it calls t.Fatal on netlink errors.
 //
-// IPv6 addresses settle asynchronously: duplicate address detection runs
-// from a work queue (for about a second on links with carrier, a moment on
-// lo) and only then does the kernel install the local route. So Snapshot
-// first waits, up to three seconds, until no IPv6 address on a link with
-// carrier is tentative and every address past DAD has its local route;
-// otherwise two snapshots of an unchanged namespace could differ.
+// IPv6 state settles asynchronously: a link that gains carrier gets its
+// link-local address from the kernel's link watcher (up to a second later),
+// duplicate address detection runs from a work queue (about a second on links
+// with carrier, a moment on lo), and only then is an address's local route
+// installed. So Snapshot first waits, up to three seconds, until every link
+// with carrier (but lo) has a link-local address, no IPv6 address on such a
+// link is tentative, and every address past DAD has its local route;
+// otherwise two snapshots of an unchanged namespace could differ. Links with
+// IPv6 disabled therefore cost the full three seconds.
 func Snapshot(t testing.TB, ns *NS) State {
 	t.Helper()
 	h := ns.Handle(t)
@@ -138,11 +141,25 @@ func settled(t testing.TB, h *netlink.Handle) bool {
 	}
 	carrier := map[int]bool{}
 	for _, l := range links {
-		carrier[l.Attrs().Index] = l.Attrs().RawFlags&unix.IFF_LOWER_UP != 0
+		carrier[l.Attrs().Index] = l.Attrs().RawFlags&unix.IFF_LOWER_UP != 0 &&
+			l.Attrs().RawFlags&unix.IFF_UP != 0
 	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
 	if err != nil {
 		t.Fatalf("snapshot: addrs: %v", err)
+	}
+	// A link that just gained carrier gets its link-local address from the
+	// kernel's link watcher, up to a second later.
+	hasLL := map[int]bool{}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			hasLL[a.LinkIndex] = true
+		}
+	}
+	for _, l := range links {
+		if a := l.Attrs(); carrier[a.Index] && a.RawFlags&unix.IFF_LOOPBACK == 0 && !hasLL[a.Index] {
+			return false
+		}
 	}
 	local, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
 	if err != nil {

@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// TestChainSkeinThenTuning: skein as the main plugin with the reference
+// tuning plugin after it (the usual place for sysctls); ADD, CHECK and DEL
+// through the whole list.
+func TestChainSkeinThenTuning(t *testing.T) {
+	e := newEnv(t, skeintest.Options{})
+	const sysctl = "net.ipv4.conf.eth0.arp_ignore"
+	l := skeintest.ConfList(t, "chain-tuning", "1.0.0", // the Debian reference plugins stop at 1.0.0
+		e.d.SkeinPlugin(nil),
+		skeintest.Plugin{"type": "tuning", "dataDir": t.TempDir(), "sysctl": map[string]string{sysctl: "1"}})
+	ns := harness.NewNS(t, "pod")
+	p := e.mustAdd(t, l, ns, "tuned")
+	if len(p.addrs) != 2 {
+		t.Errorf("the chain's result should still carry skein's two addresses on eth0, has %v", p.res.IPs)
+	}
+	var got []byte
+	if err := ns.Do(func() error {
+		var err error
+		got, err = os.ReadFile("/proc/sys/" + strings.ReplaceAll(sysctl, ".", "/"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(got)) != "1" {
+		t.Errorf("tuning after skein should have set %s=1 on skein's eth0, it is %q", sysctl, got)
+	}
+	mustReach(t, ns, "tuned pod", gw4)
+	if err := e.check(t, l, p.rt); err != nil {
+		t.Errorf("CHECK through skein+tuning: expected success, got: %v", err)
+	}
+	e.mustDel(t, l, p.rt)
+	e.assertNothingLeft(t)
+}
+
+// prevPlug is a minimal plugin for the head of a chain: on ADD it answers
+// an interface outside any sandbox and DNS settings; DEL and CHECK succeed.
+const prevPlug = `#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD) printf '%s' '{"cniVersion":"1.0.0","interfaces":[{"name":"dummy0","mac":"02:00:00:00:00:01"}],"dns":{"nameservers":["192.0.2.53"],"search":["example.test"]}}' ;;
+VERSION) printf '%s' '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
+esac
+exit 0
+`
+
+// TestChainSkeinLater: skein after another plugin keeps that plugin's
+// interfaces and DNS in the result and appends its own, with IP entries
+// pointing at the right interface index; CHECK and DEL work with that
+// prevResult.
+func TestChainSkeinLater(t *testing.T) {
+	e := newEnv(t, skeintest.Options{})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "prevplug"), []byte(prevPlug), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt := libcni.NewCNIConfigWithCacheDir([]string{dir, e.d.BinDir, skeintest.RefPluginDir}, t.TempDir(), nil)
+	l := skeintest.ConfList(t, "chain-later", "1.0.0", skeintest.Plugin{"type": "prevplug"}, e.d.SkeinPlugin(nil))
+	ns := harness.NewNS(t, "pod")
+	conf := skeintest.RT("later", ns.Path(), "eth0")
+
+	r, err := rt.AddNetworkList(ctx(t), l, conf)
+	if err != nil {
+		t.Fatalf("ADD through prevplug+skein: expected a result, got: %v", err)
+	}
+	res := asCurrent(t, r)
+	var names []string
+	for _, i := range res.Interfaces {
+		names = append(names, i.Name)
+	}
+	if len(names) != 3 || names[0] != "dummy0" || !strings.HasPrefix(names[1], "sk") || names[2] != "eth0" {
+		t.Fatalf("result interfaces should be prevplug's dummy0, then skein's host veth and eth0; are %v", names)
+	}
+	if res.Interfaces[2].Sandbox != ns.Path() || res.Interfaces[0].Sandbox != "" {
+		t.Errorf("sandboxes: dummy0 none (as prevplug said), eth0 %s; got %q and %q", ns.Path(), res.Interfaces[0].Sandbox, res.Interfaces[2].Sandbox)
+	}
+	if len(res.IPs) != 2 {
+		t.Errorf("result should carry skein's two addresses, has %v", res.IPs)
+	}
+	for _, ip := range res.IPs {
+		if ip.Interface == nil || *ip.Interface != 2 {
+			t.Errorf("address %s should point at interface 2 (eth0 after prevplug's dummy0 and the host veth), points at %v", ip.Address.String(), ip.Interface)
+		}
+	}
+	if !slices.Equal(res.DNS.Nameservers, []string{"192.0.2.53"}) || !slices.Equal(res.DNS.Search, []string{"example.test"}) {
+		t.Errorf("skein must keep prevResult's DNS, result has %+v", res.DNS)
+	}
+	if addrs := ctrAddrs(res, "eth0", ns.Path()); len(addrs) == 2 {
+		mustReach(t, ns, "pod chained after prevplug", gw4)
+	}
+	if err := rt.CheckNetworkList(ctx(t), l, conf); err != nil {
+		t.Errorf("CHECK through prevplug+skein: expected success, got: %v", err)
+	}
+	if err := rt.DelNetworkList(ctx(t), l, conf); err != nil {
+		t.Errorf("DEL through prevplug+skein: expected success, got: %v", err)
+	}
+	e.assertNothingLeft(t)
+}
