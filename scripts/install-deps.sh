@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
 # Installs what skein's tests, demo and benchmarks need on a Debian machine
 # (CI starts from a fresh one). Idempotent: it installs only what is missing.
+# Each front door keeps its own needs in scripts/deps.d/*.sh, which may
+# append to the `pkgs` array and define a `post` step (run after apt).
 set -euo pipefail
+cd "$(dirname "$0")"
 
 pkgs=(
   containernetworking-plugins # reference CNI plugins (chaining tests, benchmark contenders)
-  iproute2                    # ip netns exec for debugging; ss
+  iproute2                    # ip netns exec for debugging
   iputils-ping                # reachability checks inside pod namespaces
   nftables
 )
+posts=()
+for f in deps.d/*.sh; do
+  [ -e "$f" ] || continue
+  post() { :; }
+  # shellcheck source=/dev/null
+  . "$f"
+  posts+=("$(declare -f post)")
+done
+
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,3 +31,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+for p in "${posts[@]}"; do
+  eval "$p"
+  post
+done
