@@ -2,7 +2,9 @@
 // it reads the runtime's request (skel parses the environment and checks
 // versions), forwards it to skeind in one timed gRPC call over a UNIX
 // socket, and prints skeind's answer or a spec error. All the work —
-// IPAM, netlink, the store — happens in skeind.
+// IPAM, netlink, the store — happens in skeind. The gRPC call is made by
+// internal/cniclient, not grpc-go, whose start-up alone would cost a
+// quarter of an ADD (see that package); imports_test.go keeps it that way.
 package main
 
 import (
@@ -16,12 +18,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
-	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/cniclient"
 )
 
 // DefaultSocket is where skeind listens unless the network config's
@@ -57,43 +55,26 @@ func socketPath(stdin []byte) string {
 	return DefaultSocket
 }
 
+// methods maps CNI verbs onto the CNI service's methods.
+var methods = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "GC": "GC", "STATUS": "Status"}
+
 func call(verb string) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
 		sock := socketPath(args.StdinData)
-		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return unreachable(verb, sock, err)
-		}
-		defer conn.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
-
-		req := &rpc.CNIRequest{
-			ContainerId: args.ContainerID,
-			Netns:       args.Netns,
-			Ifname:      args.IfName,
+		reply, err := cniclient.Call(ctx, sock, methods[verb], cniclient.Request{
+			ContainerID: args.ContainerID,
+			NetNS:       args.Netns,
+			IfName:      args.IfName,
 			Args:        args.Args,
 			Path:        args.Path,
-			Netconf:     args.StdinData,
-		}
-		c := rpc.NewCNIClient(conn)
-		var reply *rpc.CNIReply
-		switch verb {
-		case "ADD":
-			reply, err = c.Add(ctx, req)
-		case "DEL":
-			reply, err = c.Del(ctx, req)
-		case "CHECK":
-			reply, err = c.Check(ctx, req)
-		case "GC":
-			reply, err = c.GC(ctx, req)
-		case "STATUS":
-			reply, err = c.Status(ctx, req)
-		}
+			NetConf:     args.StdinData,
+		})
 		if err != nil {
 			return rpcError(verb, sock, err)
 		}
-		if e := reply.GetError(); e != nil {
+		if e := reply.Error; e != nil {
 			return types.NewError(uint(e.Code), e.Msg, e.Details)
 		}
 		if len(reply.Result) > 0 {
@@ -106,14 +87,16 @@ func call(verb string) func(*skel.CmdArgs) error {
 }
 
 func rpcError(verb, sock string, err error) error {
-	st := status.Convert(err)
-	switch st.Code() {
-	case codes.Unavailable:
-		return unreachable(verb, sock, errors.New(st.Message()))
-	case codes.DeadlineExceeded:
+	var se *cniclient.StatusError
+	switch {
+	case errors.Is(err, cniclient.ErrUnavailable):
+		return unreachable(verb, sock, err)
+	case errors.As(err, &se) && se.Code == cniclient.CodeUnavailable:
+		return unreachable(verb, sock, err)
+	case errors.As(err, &se) && se.Code == cniclient.CodeDeadlineExceeded:
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, callTimeout), "")
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("skeind failed %s: %s", verb, st.Message()), "")
+	return types.NewError(types.ErrInternal, fmt.Sprintf("skeind failed %s: %v", verb, err), "")
 }
 
 // unreachable: STATUS reports the plugin unavailable (50); other verbs ask

@@ -1,0 +1,160 @@
+package cniclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/skeinnet/skein/api/rpc"
+)
+
+// fake is a CNI service on the real grpc-go server.
+type fake struct {
+	rpc.UnimplementedCNIServer
+	got   chan *rpc.CNIRequest
+	reply *rpc.CNIReply
+	err   error
+	delay time.Duration
+}
+
+func (f *fake) Add(ctx context.Context, r *rpc.CNIRequest) (*rpc.CNIReply, error) {
+	f.got <- r
+	if f.delay > 0 {
+		select {
+		case <-time.After(f.delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return f.reply, f.err
+}
+
+func serve(t *testing.T, f *fake) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	rpc.RegisterCNIServer(s, f)
+	go s.Serve(l)
+	t.Cleanup(s.Stop)
+	return sock
+}
+
+func TestRoundTripAgainstGRPCGo(t *testing.T) {
+	big := bytes.Repeat([]byte(`{"k":"v"}`), 20000) // spans many HTTP/2 frames
+	cases := []struct {
+		name  string
+		req   Request
+		reply *rpc.CNIReply
+	}{
+		{"result", Request{ContainerID: "c1", NetNS: "/run/netns/p", IfName: "eth0", Args: "IP=10.0.0.1", Path: "/opt/cni/bin", NetConf: []byte(`{"name":"n"}`)},
+			&rpc.CNIReply{Result: []byte(`{"cniVersion":"1.1.0"}`)}},
+		{"cni error", Request{ContainerID: "c2", IfName: "eth0"},
+			&rpc.CNIReply{Error: &rpc.CNIError{Code: 102, Msg: "exists", Details: "net/c2/eth0"}}},
+		{"empty reply", Request{}, &rpc.CNIReply{}},
+		{"large config", Request{ContainerID: "c3", NetConf: big}, &rpc.CNIReply{Result: big}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: c.reply}
+			sock := serve(t, f)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			rep, err := Call(ctx, sock, "Add", c.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := <-f.got
+			want := &rpc.CNIRequest{ContainerId: c.req.ContainerID, Netns: c.req.NetNS, Ifname: c.req.IfName, Args: c.req.Args, Path: c.req.Path, Netconf: c.req.NetConf}
+			if !proto.Equal(got, want) {
+				t.Errorf("server got %v, want %v", got, want)
+			}
+			if !bytes.Equal(rep.Result, c.reply.Result) {
+				t.Errorf("result %q, want %q", trunc(rep.Result), trunc(c.reply.Result))
+			}
+			if (rep.Error == nil) != (c.reply.Error == nil) {
+				t.Fatalf("error %v, want %v", rep.Error, c.reply.Error)
+			}
+			if e := c.reply.Error; e != nil && (rep.Error.Code != e.Code || rep.Error.Msg != e.Msg || rep.Error.Details != e.Details) {
+				t.Errorf("error %+v, want %v", rep.Error, e)
+			}
+		})
+	}
+}
+
+func trunc(b []byte) string {
+	if len(b) > 40 {
+		return string(b[:40]) + "…"
+	}
+	return string(b)
+}
+
+func TestEncodingMatchesProto(t *testing.T) {
+	r := Request{ContainerID: "x", NetNS: "/n", IfName: "eth1", Args: "a=b", Path: "/p", NetConf: []byte("{}")}
+	var m rpc.CNIRequest
+	if err := proto.Unmarshal(encodeRequest(r), &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.ContainerId != "x" || m.Netns != "/n" || m.Ifname != "eth1" || m.Args != "a=b" || m.Path != "/p" || string(m.Netconf) != "{}" {
+		t.Errorf("decoded %v", &m)
+	}
+	b, _ := proto.Marshal(&rpc.CNIReply{Result: []byte("r"), Error: &rpc.CNIError{Code: 7, Msg: "m", Details: "d"}})
+	rep, err := decodeReply(b)
+	if err != nil || string(rep.Result) != "r" || rep.Error.Code != 7 || rep.Error.Msg != "m" || rep.Error.Details != "d" {
+		t.Errorf("decodeReply = %+v %+v, %v", rep, rep.Error, err)
+	}
+	if _, err := decodeReply([]byte{0x0a, 0x05, 'x'}); err == nil {
+		t.Error("truncated reply accepted")
+	}
+}
+
+func TestStatusErrors(t *testing.T) {
+	f := &fake{got: make(chan *rpc.CNIRequest, 1), err: status.Error(codes.FailedPrecondition, "pool \"p\": 100% used")}
+	sock := serve(t, f)
+	_, err := Call(context.Background(), sock, "Add", Request{})
+	var se *StatusError
+	if !errors.As(err, &se) || se.Code != int(codes.FailedPrecondition) || se.Message != `pool "p": 100% used` {
+		t.Fatalf("err = %v, want FailedPrecondition with the message", err)
+	}
+
+	_, err = Call(context.Background(), sock, "NoSuchMethod", Request{})
+	if !errors.As(err, &se) || se.Code != int(codes.Unimplemented) {
+		t.Fatalf("unknown method: err = %v, want Unimplemented", err)
+	}
+}
+
+func TestUnavailableAndDeadline(t *testing.T) {
+	_, err := Call(context.Background(), filepath.Join(t.TempDir(), "none.sock"), "Add", Request{})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("missing socket: err = %v, want ErrUnavailable", err)
+	}
+	f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: &rpc.CNIReply{}, delay: 2 * time.Second}
+	sock := serve(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = Call(ctx, sock, "Add", Request{})
+	var se *StatusError
+	if !errors.As(err, &se) || se.Code != CodeDeadlineExceeded {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Errorf("deadline not honoured: took %v", time.Since(start))
+	}
+	if !strings.Contains(err.Error(), "deadline") {
+		t.Errorf("message %q does not say deadline", err)
+	}
+}
