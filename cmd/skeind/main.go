@@ -45,14 +45,9 @@ func newCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			final := daemon.Config{}
 			if cfgFile != "" {
-				b, err := os.ReadFile(cfgFile)
-				if err != nil {
-					return fmt.Errorf("config file: %w", err)
-				}
-				dec := json.NewDecoder(strings.NewReader(string(b)))
-				dec.DisallowUnknownFields()
-				if err := dec.Decode(&final); err != nil {
-					return fmt.Errorf("config file %s: %w", cfgFile, err)
+				var err error
+				if final, err = loadConfig(cfgFile); err != nil {
+					return err
 				}
 			}
 			// Flags given on the command line win over the file.
@@ -122,6 +117,22 @@ func newCommand() *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd
+}
+
+// loadConfig reads a JSON configuration file; unknown fields are errors, so
+// a misspelt setting is not silently ignored.
+func loadConfig(path string) (daemon.Config, error) {
+	var c daemon.Config
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("config file: %w", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return c, nil
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
