@@ -37,7 +37,7 @@ type AttachRequest struct {
 // enough for IFNAMSIZ, stable so DEL finds it without the store.
 func HostLinkName(k store.AttachmentKey) string {
 	h := sha256.Sum256([]byte(k.Network + "\x00" + k.ContainerID + "\x00" + k.IfName))
-	return "sk" + hex.EncodeToString(h[:6])
+	return dataplane.HostNamePrefix + hex.EncodeToString(h[:6])
 }
 
 // aliasFor is the ownership tag written on the host veth.

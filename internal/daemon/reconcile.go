@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/skeinnet/skein/internal/netns"
@@ -14,8 +13,10 @@ import (
 //
 //  1. every stored attachment's addresses are marked used again (the store
 //     is written before the kernel, so it covers everything plumbed);
-//  2. host links tagged with skein's alias prefix that no attachment
-//     claims are leftovers of an interrupted DEL: they are deleted;
+//  2. host links skein owns (tagged, or untagged but named like skein's:
+//     an ADD cut short before tagging) that no attachment claims are
+//     leftovers of an interrupted ADD or DEL: they are deleted; claimed
+//     untagged ones get their tag;
 //  3. an attachment whose host link is gone AND whose netns path no longer
 //     exists belongs to a container that is gone: it is released. One whose
 //     netns still exists is kept — its runtime will DEL it, or GC will.
@@ -34,8 +35,10 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return fmt.Errorf("scan kernel: %w", err)
 	}
 	links := map[string]bool{}
+	untagged := map[string]bool{}
 	for _, f := range found {
 		links[f.HostName] = true
+		untagged[f.HostName] = f.Alias == ""
 	}
 	claimed := map[string]bool{}
 	var restored, released, removed int
@@ -54,9 +57,14 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		}
 		claimed[a.HostLink] = true
 		restored++
+		if untagged[a.HostLink] {
+			if err := d.dp.Retag(a.HostLink, d.aliasFor(a.AttachmentKey)); err != nil {
+				d.log.Error("reconcile: retag host link", "link", a.HostLink, "err", err)
+			}
+		}
 	}
 	for _, f := range found {
-		if claimed[f.HostName] || !strings.HasPrefix(f.Alias, d.dpConfig.AliasPrefix) {
+		if claimed[f.HostName] {
 			continue
 		}
 		d.log.Info("reconcile: removing leftover link", "link", f.HostName, "alias", f.Alias)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 )
@@ -21,7 +20,8 @@ type Found struct {
 // interrupted by a concurrent change.
 const dumpRetries = 5
 
-// Scan returns every host link whose alias starts with AliasPrefix, with the
+// Scan returns every host link skein owns (alias starting with AliasPrefix,
+// or an untagged veth named like skein's host links: see owned), with the
 // pod addresses routed to it, from one link dump and one PodTable route dump
 // (both families). Order follows the kernel's link order. A dump interrupted
 // by concurrent changes is retried whole.
@@ -35,7 +35,7 @@ func (d *Dataplane) Scan() (_ []Found, retErr error) {
 	byIndex := map[int]int{} // link index -> position in found
 	for _, l := range links {
 		a := l.Attrs()
-		if !strings.HasPrefix(a.Alias, d.cfg.AliasPrefix) {
+		if !d.owned(l) {
 			continue
 		}
 		byIndex[a.Index] = len(found)

@@ -31,7 +31,7 @@ func (d *Dataplane) Teardown(hostName, netnsPath, ifName string, addrs []netip.A
 	link, err := d.h.LinkByName(hostName)
 	switch {
 	case err == nil:
-		if !strings.HasPrefix(link.Attrs().Alias, d.cfg.AliasPrefix) {
+		if !d.owned(link) {
 			return fmt.Errorf("alias %q: %w", link.Attrs().Alias, ErrNotOwned)
 		}
 		return d.deleteLink(link)
@@ -89,14 +89,56 @@ func (d *Dataplane) hostEndFromPod(netnsPath, ifName string) (netlink.Link, erro
 		}
 		return nil, fmt.Errorf("find peer of %s: %w", ifName, err)
 	}
-	if host.Type() != "veth" || host.Attrs().ParentIndex != ctr.Attrs().Index ||
-		!strings.HasPrefix(host.Attrs().Alias, d.cfg.AliasPrefix) {
+	if host.Type() != "veth" || host.Attrs().ParentIndex != ctr.Attrs().Index || !d.owned(host) {
 		return nil, nil
 	}
 	return host, nil
 }
 
+// owned reports whether a node link is skein's: tagged with the alias, or —
+// the window between creating a veth and tagging it, which a crash can leave
+// open, since the kernel ignores the alias in a create request — an untagged
+// veth whose name has the shape of skein's host names (IsHostName).
+func (d *Dataplane) owned(l netlink.Link) bool {
+	a := l.Attrs()
+	if strings.HasPrefix(a.Alias, d.cfg.AliasPrefix) {
+		return true
+	}
+	return a.Alias == "" && l.Type() == "veth" && IsHostName(a.Name)
+}
+
+// HostNamePrefix starts every host-side veth name skein makes.
+const HostNamePrefix = "sk"
+
+// IsHostName reports whether name has the shape of skein's host veth
+// names: HostNamePrefix and 12 lower-case hex digits.
+func IsHostName(name string) bool {
+	if len(name) != len(HostNamePrefix)+12 || !strings.HasPrefix(name, HostNamePrefix) {
+		return false
+	}
+	for _, c := range name[len(HostNamePrefix):] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 func isNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
+}
+
+// Retag sets the ownership alias on host link hostName (an ADD cut short
+// between creating the veth and tagging it leaves it untagged).
+func (d *Dataplane) Retag(hostName, alias string) (retErr error) {
+	defer wrap(&retErr, "retag", hostName)
+	link, err := d.h.LinkByName(hostName)
+	if err != nil {
+		return err
+	}
+	if !d.owned(link) {
+		return fmt.Errorf("alias %q: %w", link.Attrs().Alias, ErrNotOwned)
+	}
+	return d.h.LinkSetAlias(link, alias)
 }

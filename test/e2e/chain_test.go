@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/libcni"
-
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -67,7 +65,7 @@ func TestChainSkeinLater(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "prevplug"), []byte(prevPlug), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	rt := libcni.NewCNIConfigWithCacheDir([]string{dir, e.d.BinDir, skeintest.RefPluginDir}, t.TempDir(), nil)
+	rt := skeintest.NewCNI([]string{dir, e.d.BinDir, skeintest.RefPluginDir}, t.TempDir())
 	l := skeintest.ConfList(t, "chain-later", "1.0.0", skeintest.Plugin{"type": "prevplug"}, e.d.SkeinPlugin(nil))
 	ns := harness.NewNS(t, "pod")
 	conf := skeintest.RT("later", ns.Path(), "eth0")

@@ -16,7 +16,7 @@ import (
 // list and only then calls the plugin's GC; a runtime with no cache (the
 // case GC exists for: it lost track) leaves all the work to skein.
 func (e *env) freshRuntime(t *testing.T) *libcni.CNIConfig {
-	return libcni.NewCNIConfigWithCacheDir([]string{e.d.BinDir, skeintest.RefPluginDir}, t.TempDir(), nil)
+	return skeintest.NewCNI([]string{e.d.BinDir, skeintest.RefPluginDir}, t.TempDir())
 }
 
 // TestGC (CNI 1.1.0): GC removes every attachment of the network that the

@@ -21,7 +21,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -265,9 +267,18 @@ func ConfList(t testing.TB, name, version string, plugins ...Plugin) *libcni.Net
 }
 
 // CNI returns a libcni runtime that finds skein and the reference plugins.
+// It is safe for concurrent use.
 func (d *Daemon) CNI() *libcni.CNIConfig {
-	cacheDir := filepath.Join(d.Dir, "cni-cache")
-	return libcni.NewCNIConfigWithCacheDir([]string{d.BinDir, RefPluginDir}, cacheDir, nil)
+	return NewCNI([]string{d.BinDir, RefPluginDir}, filepath.Join(d.Dir, "cni-cache"))
+}
+
+// NewCNI returns a libcni runtime searching path for plugins and caching
+// results in cacheDir. Unlike libcni's constructors given a nil exec, it is
+// safe for concurrent use: libcni creates a missing exec lazily, unguarded,
+// on the first call.
+func NewCNI(path []string, cacheDir string) *libcni.CNIConfig {
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	return libcni.NewCNIConfigWithCacheDir(path, cacheDir, exec)
 }
 
 // RT is the runtime configuration for one attachment.

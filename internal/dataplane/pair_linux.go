@@ -1,0 +1,175 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// Pair describes a routed veth whose container end is left in the node
+// namespace for a runtime to move: Docker's libnetwork remote driver
+// contract. The driver creates the pair, answers Join with the peer's name,
+// and Docker itself moves the peer into the container's sandbox, renames it
+// (eth0, eth1, …), sets its addresses with the network's mask, and adds the
+// routes the driver returned.
+type Pair struct {
+	HostName string           // host-side veth name, at most 15 bytes
+	PeerName string           // the end Docker moves; at most 15 bytes
+	Alias    string           // alias of the host veth; must start with Config.AliasPrefix
+	Addrs    []netip.Addr     // container addresses, routed to the host veth in PodTable
+	MTU      int              // 0 = Config.MTU (or the uplink's)
+	PeerMAC  net.HardwareAddr // optional MAC of the peer
+}
+
+// SetupPair plumbs p in the node namespace: a veth pair with both ends
+// there, the host end tagged with p.Alias, up, with proxy ARP (without the
+// proxy delay: Docker gives containers a /24 and they ARP for neighbours
+// directly, so the first packet to each neighbour waits for that reply),
+// per-interface forwarding, the gateway addresses and one PodTable route
+// per address. The peer is left down and unaddressed: its runtime moves it.
+//
+// Like Setup it is all-or-nothing: on any failure the pair is deleted (which
+// takes its addresses and routes with it) and an *Error is returned. A taken
+// host or peer name gives ErrLinkExists and the existing link is left
+// alone; an address already routed in PodTable makes it fail.
+//
+// Teardown(p.HostName, "", "", nil) removes the pair wherever the peer is
+// by then (still in the node, in a container, or gone with its namespace).
+func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
+	defer wrap(&retErr, "setup pair", p.HostName)
+	// validateLink checks names, alias, addresses, MTU and MAC; the netns it
+	// would check is the node's own here, so any non-empty value will do.
+	v4, v6, mtu, err := d.validateLink(Link{
+		HostName: p.HostName, Alias: p.Alias, NetNS: "node", IfName: p.PeerName,
+		Addrs: p.Addrs, MTU: p.MTU, ContainerMAC: p.PeerMAC,
+	})
+	if err != nil {
+		return Applied{}, err
+	}
+	if p.HostName == p.PeerName {
+		return Applied{}, fmt.Errorf("host and peer are both named %q: %w", p.HostName, ErrInvalid)
+	}
+
+	// 1. The pair, in one request, host end up.
+	hostMAC := randomMAC()
+	peerMAC := p.PeerMAC
+	if peerMAC == nil {
+		peerMAC = randomMAC()
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU = p.HostName, mtu
+	attrs.HardwareAddr = hostMAC
+	attrs.Flags = net.FlagUp
+	veth := &netlink.Veth{
+		LinkAttrs:        attrs,
+		PeerName:         p.PeerName,
+		PeerMTU:          uint32(mtu),
+		PeerHardwareAddr: peerMAC,
+		PeerTxQLen:       -1,
+	}
+	if err := d.h.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return Applied{}, d.whichPairExists(p)
+		}
+		return Applied{}, fmt.Errorf("create veth pair %s/%s: %w", p.HostName, p.PeerName, err)
+	}
+	hostIndex := veth.Index
+	defer func() {
+		if retErr != nil {
+			d.rollback(hostIndex, p.HostName)
+		}
+	}()
+	if hostIndex == 0 {
+		link, err := d.h.LinkByName(p.HostName)
+		if err != nil {
+			return Applied{}, fmt.Errorf("find new host veth: %w", err)
+		}
+		hostIndex = link.Attrs().Index
+		veth.Index = hostIndex
+	}
+	// The tag first: from here on a crash leaves a link reconcile can see.
+	if err := d.h.LinkSetAlias(veth, p.Alias); err != nil {
+		return Applied{}, fmt.Errorf("set alias of host veth: %w", err)
+	}
+
+	// 2. Host side, as Setup does it.
+	if err := d.programHostSide(veth, p.HostName, p.Addrs, v4, v6, true); err != nil {
+		return Applied{}, err
+	}
+
+	peer, err := d.h.LinkByName(p.PeerName)
+	if err != nil {
+		return Applied{}, fmt.Errorf("find peer %s: %w", p.PeerName, err)
+	}
+	return Applied{
+		HostIndex:      hostIndex,
+		HostMAC:        hostMAC,
+		ContainerIndex: peer.Attrs().Index,
+		ContainerMAC:   peer.Attrs().HardwareAddr,
+		MTU:            mtu,
+	}, nil
+}
+
+// programHostSide makes the host veth answer for the gateways, forward, and
+// receive the pod addresses through PodTable. noProxyDelay also zeroes the
+// proxy ARP delay.
+func (d *Dataplane) programHostSide(veth netlink.Link, name string, addrs []netip.Addr, v4, v6, noProxyDelay bool) error {
+	var sysctls [][2]string
+	if v4 {
+		sysctls = append(sysctls,
+			[2]string{"net/ipv4/conf/" + name + "/proxy_arp", "1"},
+			[2]string{"net/ipv4/conf/" + name + "/forwarding", "1"})
+		if noProxyDelay {
+			sysctls = append(sysctls, [2]string{"net/ipv4/neigh/" + name + "/proxy_delay", "0"})
+		}
+	}
+	if v6 && d.forceForwarding6 {
+		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + name + "/force_forwarding", "1"})
+	}
+	if len(sysctls) > 0 {
+		if err := netns.WriteSysctls(d.cfg.NodeNetNS, sysctls...); err != nil {
+			return fmt.Errorf("host veth: %w", err)
+		}
+	}
+	if v4 {
+		gw := &netlink.Addr{IPNet: hostNet(d.cfg.GatewayV4), Scope: unix.RT_SCOPE_LINK}
+		if err := d.h.AddrAdd(veth, gw); err != nil {
+			return fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV4, err)
+		}
+	}
+	if v6 {
+		gw := &netlink.Addr{IPNet: &net.IPNet{IP: d.cfg.GatewayV6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := d.h.AddrAdd(veth, gw); err != nil {
+			return fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV6, err)
+		}
+	}
+	for _, a := range addrs {
+		r := &netlink.Route{LinkIndex: veth.Attrs().Index, Dst: hostNet(a), Table: d.cfg.PodTable, Protocol: netlink.RouteProtocol(d.cfg.PodRouteProto)}
+		if a.Is4() {
+			r.Scope = netlink.SCOPE_LINK
+		}
+		if err := d.h.RouteAdd(r); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("route %s in table %d: already routed to another link: %w", a, d.cfg.PodTable, err)
+			}
+			return fmt.Errorf("route %s in table %d: %w", a, d.cfg.PodTable, err)
+		}
+	}
+	return nil
+}
+
+// whichPairExists explains an EEXIST from LinkAdd without changing anything.
+func (d *Dataplane) whichPairExists(p Pair) error {
+	for _, n := range []string{p.HostName, p.PeerName} {
+		if _, err := d.h.LinkByName(n); err == nil {
+			return fmt.Errorf("link %q: %w", n, ErrLinkExists)
+		}
+	}
+	return fmt.Errorf("link %q or %q: %w", p.HostName, p.PeerName, ErrLinkExists)
+}

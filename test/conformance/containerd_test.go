@@ -1,0 +1,126 @@
+package conformance
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// containerd is a private containerd: its own root, state, sockets and a
+// configuration that disables the CRI plugin (which would read the host's
+// /etc/cni/net.d) and the snapshotters this machine cannot use.
+type containerd struct {
+	ctr, sock string
+}
+
+func startContainerd(t *testing.T) *containerd {
+	t.Helper()
+	bin := tool(t, "containerd")
+	c := &containerd{ctr: tool(t, "ctr")}
+	tool(t, "containerd-shim-runc-v2")
+	tool(t, "runc")
+	dir := t.TempDir()
+	c.sock = filepath.Join(dir, "containerd.sock")
+	conf := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.opt"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[debug]
+  address = ""
+[metrics]
+  address = ""
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.sock, c.sock+".ttrpc")
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log, err := os.Create(filepath.Join(dir, "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config", filepath.Join(dir, "config.toml"))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start containerd: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		unmountUnder(dir)
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("containerd log:\n%s", b)
+		}
+	})
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := runErr(nil, c.ctr, "--address", c.sock, "version"); err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd did not answer on %s within 15s", c.sock)
+		}
+	}
+}
+
+// TestContainerd: a pod netns attached by skein (through libcni, as
+// containerd's CRI plugin does) is joined by a container that `ctr run
+// --with-ns network:` starts; inside, the process sees eth0 with the
+// result's address and the default route, and reaches the node.
+func TestContainerd(t *testing.T) {
+	e := newEnv(t)
+	c := startContainerd(t)
+	rootfs := t.TempDir()
+	busyboxRootfs(t, rootfs)
+
+	ns := harness.NewNS(t, "pod")
+	l := e.list(t, "ctrd", "1.1.0")
+	rt := skeintest.RT("ctrd-"+suffix(), ns.Path(), "eth0")
+	res := e.mustAdd(t, l, rt)
+	addrs := addrsOf(res, "eth0")
+	if len(addrs) == 0 {
+		t.Fatalf("no eth0 address in the result: %v", res)
+	}
+	id := "skein-" + suffix()
+	out, err := runErr(nil, c.ctr, "--address", c.sock, "-n", "skein-conformance", "run", "--rm", "--rootfs", "--fifo-dir", t.TempDir(),
+		"--with-ns", "network:"+ns.Path(), rootfs, id,
+		"/bin/sh", "-c", "ip -o addr show eth0; ip route; ping -c1 -W2 "+nodeAddr.String()+" >/dev/null && echo node-reachable")
+	if err != nil {
+		t.Fatalf("ctr run: %v\n%s", err, out)
+	}
+	for _, a := range addrs {
+		want := a.String() + "/32"
+		if a.Is6() {
+			want = a.String() + "/128"
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("the container's process should see %s on eth0; it sees:\n%s", want, out)
+		}
+	}
+	for _, want := range []string{"default via " + gw4.String() + " dev eth0", "node-reachable"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the container's process should show %q; output:\n%s", want, out)
+		}
+	}
+	if err := e.cni.DelNetworkList(cctx(t), l, rt); err != nil {
+		t.Errorf("DEL: %v", err)
+	}
+	e.assertClean(t, "DEL after the container ran")
+}
