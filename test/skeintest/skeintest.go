@@ -104,9 +104,14 @@ type Daemon struct {
 	t    testing.TB
 	args []string
 	cmd  *exec.Cmd
-	log  *bytes.Buffer
-	done chan struct{}
+	log     *bytes.Buffer
+	done    chan struct{}
+	exitErr error
 }
+
+// ExitErr is how the last process exited (nil: status 0); call it after
+// Stop or Kill.
+func (d *Daemon) ExitErr() error { <-d.done; return d.exitErr }
 
 // StartDaemon starts skeind and waits until it answers.
 func StartDaemon(t testing.TB, o Options) *Daemon {
@@ -157,7 +162,7 @@ func (d *Daemon) Start(t testing.TB) {
 		t.Fatalf("start skeind: %v", err)
 	}
 	d.done = make(chan struct{})
-	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(d.cmd, d.done)
+	go func(c *exec.Cmd, done chan struct{}) { d.exitErr = c.Wait(); close(done) }(d.cmd, d.done)
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
