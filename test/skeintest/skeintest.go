@@ -101,9 +101,9 @@ type Daemon struct {
 	Socket string
 	BinDir string
 
-	t    testing.TB
-	args []string
-	cmd  *exec.Cmd
+	t       testing.TB
+	args    []string
+	cmd     *exec.Cmd
 	log     *bytes.Buffer
 	done    chan struct{}
 	exitErr error
