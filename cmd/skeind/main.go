@@ -12,10 +12,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/skeinnet/skein/internal/daemon"
+	"github.com/skeinnet/skein/internal/docker"
 )
 
 func main() {
@@ -34,6 +36,8 @@ func newCommand() *cobra.Command {
 		defaultPool []string
 		gw4, gw6    string
 		blockBits   int
+		dockerSock  string
+		vmf         vmFlags
 	)
 	cmd := &cobra.Command{
 		Use:           "skeind",
@@ -95,10 +99,21 @@ func newCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := vmf.serve(ctx, d, final.Socket); err != nil {
+				d.Close()
+				return err
+			}
+			if dockerSock != "off" {
+				if err := serveDocker(d, dockerSock, final.Dataplane.MTU); err != nil {
+					d.Close()
+					return err
+				}
+			}
 			return d.Serve(ctx)
 		},
 	}
 	f := cmd.Flags()
+	vmf.register(f)
 	f.StringVar(&cfgFile, "config", "", "JSON configuration file (flags given explicitly override it)")
 	f.StringVar(&cfg.Node, "node", "", "node name (default: host name)")
 	f.StringVar(&cfg.StateDir, "state-dir", daemon.DefaultStateDir, "directory of the embedded store")
@@ -114,6 +129,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&gw6, "gateway-v6", "fe80::1", "IPv6 gateway pods route through")
 	f.StringSliceVar(&defaultPool, "default-pool", nil, "create the \"default\" pool with these subnets if it does not exist (e.g. 10.64.0.0/16,fd00:64::/112)")
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
+	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd
@@ -133,6 +149,30 @@ func loadConfig(path string) (daemon.Config, error) {
 		return c, fmt.Errorf("config file %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// serveDocker starts the Docker front door on the daemon's store, IPAM and
+// dataplane; it stops with the daemon.
+func serveDocker(d *daemon.Daemon, socket string, mtu int) error {
+	drv, err := docker.New(docker.Options{
+		Store:     d.Store(),
+		IPAM:      d.IPAM(),
+		Dataplane: d.Dataplane(),
+		MTU:       mtu,
+		Logger:    d.Logger(),
+		Observe: func(method string, code uint, took time.Duration) {
+			d.Observe("docker", method, code, took)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := docker.Listen(drv, socket)
+	if err != nil {
+		return err
+	}
+	d.OnStop(srv.Close)
+	return nil
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

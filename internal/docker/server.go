@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,8 +100,8 @@ func New(o Options) (*Driver, error) {
 	return &Driver{o: o, log: o.Logger, gw4: cfg.GatewayV4, gw6: cfg.GatewayV6}, nil
 }
 
-// handlerFunc decodes req (nil: the body is not read) and returns the
-// reply to encode.
+// method is one endpoint: newReq makes the request to decode into (nil:
+// the body is read but not decoded), call returns the reply to encode.
 type method struct {
 	name   string
 	newReq func() any
@@ -283,7 +284,11 @@ func Listen(d *Driver, path string) (*Server, error) {
 
 // Close stops accepting, waits for calls in flight and removes the socket.
 func (s *Server) Close() {
-	_ = s.http.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.http.Shutdown(ctx); err != nil {
+		_ = s.http.Close()
+	}
 	<-s.done
 	_ = os.Remove(s.path)
 }

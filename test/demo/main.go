@@ -119,7 +119,7 @@ func run(bin string, c *cleanup) error {
 	}
 	sock := filepath.Join(dir, "skeind.sock")
 	d := exec.Command(filepath.Join(bin, "skeind"), "--node-netns", node, "--state-dir", filepath.Join(dir, "state"),
-		"--socket", sock, "--metrics-addr", "off", "--default-pool", "10.64.0.0/16,fd00:64::/112", "--node", "demo-node")
+		"--socket", sock, "--metrics-addr", "off", "--docker-socket", "off", "--default-pool", "10.64.0.0/16,fd00:64::/112", "--node", "demo-node")
 	logf, err := os.Create(filepath.Join(dir, "skeind.log"))
 	if err != nil {
 		return err

@@ -135,6 +135,7 @@ func StartDaemon(t testing.TB, o Options) *Daemon {
 		"--state-dir", filepath.Join(dir, "state"),
 		"--socket", d.Socket,
 		"--metrics-addr", "off",
+		"--docker-socket", "off", // tests that want the Docker plugin pass their own (a later flag wins)
 		"--node", "test-node",
 		"--log-level", "debug",
 	}

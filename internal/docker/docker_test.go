@@ -1,0 +1,354 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// fakePlumber records pairs instead of programming a kernel.
+type fakePlumber struct {
+	mu    sync.Mutex
+	links map[string]dataplane.Pair
+	fail  error
+}
+
+func (f *fakePlumber) SetupPair(p dataplane.Pair) (dataplane.Applied, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return dataplane.Applied{}, f.fail
+	}
+	f.links[p.HostName] = p
+	return dataplane.Applied{}, nil
+}
+
+func (f *fakePlumber) Teardown(host, _, _ string, _ []netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.links, host)
+	return nil
+}
+
+func (f *fakePlumber) Config() dataplane.Config {
+	return dataplane.Config{GatewayV4: dataplane.DefaultGatewayV4, GatewayV6: dataplane.DefaultGatewayV6, AliasPrefix: "skein:"}
+}
+
+type tenv struct {
+	st  store.Store
+	dp  *fakePlumber
+	srv *httptest.Server
+}
+
+func newTenv(t *testing.T) *tenv {
+	t.Helper()
+	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "skein.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := ipam.NewManager(ipam.Options{Store: st, Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.CreatePool(context.Background(), store.Pool{Name: "default", Subnets: []netip.Prefix{
+		netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/112")}}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &fakePlumber{links: map[string]dataplane.Pair{}}
+	d, err := New(Options{Store: st, IPAM: m, Dataplane: dp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d.Handler())
+	t.Cleanup(srv.Close)
+	return &tenv{st: st, dp: dp, srv: srv}
+}
+
+// post sends a raw body and returns the status and decoded reply.
+func (e *tenv) post(t *testing.T, method string, body []byte) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Post(e.srv.URL+"/"+method, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "application/vnd.docker.plugins.v1+json" {
+		t.Errorf("%s: Content-Type %q", method, ct)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("%s: reply %q is not JSON: %v", method, b, err)
+	}
+	return resp.StatusCode, out
+}
+
+// call must succeed.
+func (e *tenv) call(t *testing.T, method string, req any) map[string]any {
+	t.Helper()
+	b, _ := json.Marshal(req)
+	code, out := e.post(t, method, b)
+	if code != http.StatusOK {
+		t.Fatalf("%s %s: HTTP %d %v", method, b, code, out)
+	}
+	return out
+}
+
+// fail must fail with HTTP 500 and an Err containing want.
+func (e *tenv) fail(t *testing.T, method string, req any, want string) {
+	t.Helper()
+	b, ok := req.([]byte)
+	if !ok {
+		b, _ = json.Marshal(req)
+	}
+	code, out := e.post(t, method, b)
+	msg, _ := out["Err"].(string)
+	if code != http.StatusInternalServerError || !strings.Contains(msg, want) {
+		t.Errorf("%s %.80s: want HTTP 500 with Err containing %q, got %d %v", method, b, want, code, out)
+	}
+}
+
+// state is everything the driver may change: records, attachments,
+// pools, links.
+func (e *tenv) state(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	var parts []string
+	for _, k := range []string{kindAddrPool, kindNetwork} {
+		m, err := e.st.ListMeta(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, v := range m {
+			parts = append(parts, k+"/"+key+"="+string(v))
+		}
+	}
+	atts, _ := e.st.ListAttachments(ctx)
+	for _, a := range atts {
+		parts = append(parts, fmt.Sprintf("att %s %v", a.AttachmentKey, a.Addrs))
+	}
+	pools, _ := e.st.ListPools(ctx)
+	for _, p := range pools {
+		parts = append(parts, fmt.Sprintf("pool %s %v %v", p.Name, p.Subnets, p.Reserved))
+	}
+	e.dp.mu.Lock()
+	for h := range e.dp.links {
+		parts = append(parts, "link "+h)
+	}
+	e.dp.mu.Unlock()
+	slices.Sort(parts)
+	return strings.Join(parts, "\n")
+}
+
+const netID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// createNetwork runs Docker's sequence for `network create` and returns
+// the pool IDs (v4 first).
+func (e *tenv) createNetwork(t *testing.T, id string, v4, v6 string, gw4 string, aux map[string]string) []string {
+	t.Helper()
+	var ids []string
+	req := createNetworkRequest{NetworkID: id, Options: map[string]any{optGeneric: map[string]any{}}}
+	for _, f := range []struct {
+		sn string
+		v6 bool
+	}{{v4, false}, {v6, true}} {
+		if f.v6 && f.sn == "" {
+			continue
+		}
+		r := e.call(t, "IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Pool: f.sn, V6: f.v6})
+		pid, pool := r["PoolID"].(string), r["Pool"].(string)
+		gwReq := requestAddressRequest{PoolID: pid, Options: map[string]string{optRequestAddrType: addrTypeGateway}}
+		if !f.v6 {
+			gwReq.Address = gw4
+		}
+		gw := e.call(t, "IpamDriver.RequestAddress", gwReq)["Address"].(string)
+		data := ipamData{AddressSpace: LocalAddressSpace, Pool: pool, Gateway: gw, AuxAddresses: map[string]string{}}
+		if !f.v6 {
+			for name, a := range aux {
+				e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pid, Address: a})
+				data.AuxAddresses[name] = a + "/32"
+			}
+			req.IPv4Data = append(req.IPv4Data, data)
+		} else {
+			req.IPv6Data = append(req.IPv6Data, data)
+		}
+		ids = append(ids, pid)
+	}
+	e.call(t, "NetworkDriver.CreateNetwork", req)
+	return ids
+}
+
+func TestActivateAndCapabilities(t *testing.T) {
+	e := newTenv(t)
+	if got := e.call(t, "Plugin.Activate", nil)["Implements"]; fmt.Sprint(got) != "[NetworkDriver IpamDriver]" {
+		t.Errorf("Implements = %v", got)
+	}
+	c := e.call(t, "NetworkDriver.GetCapabilities", nil)
+	if c["Scope"] != "local" || c["ConnectivityScope"] != "local" {
+		t.Errorf("capabilities %v", c)
+	}
+	s := e.call(t, "IpamDriver.GetDefaultAddressSpaces", nil)
+	if s["LocalDefaultAddressSpace"] != LocalAddressSpace || s["GlobalDefaultAddressSpace"] != GlobalAddressSpace {
+		t.Errorf("address spaces %v", s)
+	}
+	e.call(t, "IpamDriver.GetCapabilities", nil)
+	e.call(t, "NetworkDriver.DiscoverNew", map[string]any{"DiscoveryType": 1, "DiscoveryData": map[string]any{"Address": "x"}})
+}
+
+// TestLifecycle follows Docker's calls for a dual-stack network with a
+// gateway and an aux address, one container, and removal; nothing stays.
+func TestLifecycle(t *testing.T) {
+	e := newTenv(t)
+	before := e.state(t)
+	pids := e.createNetwork(t, netID, "10.90.0.0/24", "fd00:90::/64", "10.90.0.1", map[string]string{"x": "10.90.0.2"})
+	p, err := e.st.GetPool(context.Background(), PoolName(netID))
+	if err != nil {
+		t.Fatalf("CreateNetwork should create pool %s: %v", PoolName(netID), err)
+	}
+	if fmt.Sprint(p.Subnets) != "[10.90.0.0/24 fd00:90::/64]" || !slices.Contains(p.Reserved, "10.90.0.1") || !slices.Contains(p.Reserved, "10.90.0.2") {
+		t.Errorf("pool %+v: want both subnets, gateway and aux reserved", p)
+	}
+	a4 := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]})["Address"].(string)
+	a6 := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[1]})["Address"].(string)
+	if a4 != "10.90.0.3/24" || !strings.HasSuffix(a6, "/64") {
+		t.Errorf("addresses %s %s: want the first free one with the network's mask", a4, a6)
+	}
+	ep := endpointRequest{NetworkID: netID, EndpointID: "ep1"}
+	ce := e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: a4, AddressIPv6: a6}})
+	if mac, _ := ce["Interface"].(map[string]any)["MacAddress"].(string); mac == "" {
+		t.Errorf("CreateEndpoint should choose the MAC: %v", ce)
+	}
+	j := e.call(t, "NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "ep1", SandboxKey: "/nonexistent"})
+	routes, _ := json.Marshal(j["StaticRoutes"])
+	if j["Gateway"] != "169.254.1.1" || j["GatewayIPv6"] != "fe80::1" ||
+		!strings.Contains(string(routes), `"Destination":"169.254.1.1/32","RouteType":1`) ||
+		!strings.Contains(string(routes), `"Destination":"fd00:90::/65","NextHop":"fe80::1","RouteType":0`) ||
+		!strings.Contains(string(routes), `"fd00:90:0:0:8000::/65"`) {
+		t.Errorf("Join = %v", j)
+	}
+	if n, _ := j["InterfaceName"].(map[string]any); !strings.HasPrefix(n["SrcName"].(string), "skd") || n["DstPrefix"] != "eth" {
+		t.Errorf("InterfaceName %v", n)
+	}
+	for _, m := range []string{"NetworkDriver.ProgramExternalConnectivity", "NetworkDriver.EndpointOperInfo", "NetworkDriver.RevokeExternalConnectivity", "NetworkDriver.Leave", "NetworkDriver.DeleteEndpoint"} {
+		e.call(t, m, ep)
+	}
+	e.call(t, "IpamDriver.ReleaseAddress", releaseAddressRequest{PoolID: pids[0], Address: strings.Split(a4, "/")[0]})
+	e.call(t, "IpamDriver.ReleaseAddress", releaseAddressRequest{PoolID: pids[1], Address: strings.Split(a6, "/")[0]})
+	e.call(t, "IpamDriver.ReleaseAddress", releaseAddressRequest{PoolID: pids[0], Address: "10.90.0.2"})
+	e.call(t, "IpamDriver.ReleaseAddress", releaseAddressRequest{PoolID: pids[0], Address: "10.90.0.1"})
+	for _, id := range pids {
+		e.call(t, "IpamDriver.ReleasePool", releasePoolRequest{PoolID: id})
+	}
+	e.call(t, "NetworkDriver.DeleteNetwork", networkRequest{NetworkID: netID})
+	if after := e.state(t); after != before {
+		t.Errorf("after removal the store should be as before:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// TestBadInput: every mistake is a 500 with a clear Err, and changes
+// nothing.
+func TestBadInput(t *testing.T) {
+	e := newTenv(t)
+	pids := e.createNetwork(t, netID, "10.91.0.0/30", "", "", nil) // .1 and .2 usable
+	used := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0], Address: "10.91.0.1"})["Address"].(string)
+	e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: used}})
+	e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]}) // .2: now full
+	before := e.state(t)
+
+	big := append([]byte(`{"NetworkID":"`), bytes.Repeat([]byte("a"), MaxBody)...)
+	big = append(big, `"}`...)
+	for _, c := range []struct {
+		method string
+		req    any
+		want   string
+	}{
+		{"NetworkDriver.CreateNetwork", []byte(`{"NetworkID": 1`), "malformed JSON"},
+		{"NetworkDriver.CreateNetwork", big, "larger than"},
+		{"IpamDriver.RequestPool", requestPoolRequest{AddressSpace: "other", Pool: "10.1.0.0/24"}, "unknown address space"},
+		{"IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Pool: "10.64.1.0/24"}, `overlaps subnet 10.64.0.0/16 of skein pool "default"`},
+		{"IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Pool: "10.91.0.0/30"}, "overlaps"},
+		{"IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Pool: "10.1.0.1/24"}, "host bits"},
+		{"IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Pool: "fd00::/64"}, "is not IPv4"},
+		{"IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Options: map[string]string{OptPool: "nope"}}, "does not exist"},
+		{"IpamDriver.RequestAddress", requestAddressRequest{PoolID: "nope"}, "unknown IPAM pool"},
+		{"IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]}, "no free IPv4 address"},
+		{"IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0], Address: "10.91.0.1"}, "already in use"},
+		{"IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0], Address: "10.91.0.3"}, "reserved"},
+		{"IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0], Address: "10.64.0.9"}, "not in subnet"},
+		{"IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0], Address: "banana"}, "not an IP address"},
+		{"IpamDriver.ReleasePool", releasePoolRequest{PoolID: "nope"}, "unknown IPAM pool"},
+		{"NetworkDriver.CreateNetwork", createNetworkRequest{NetworkID: netID}, "already exists"},
+		{"NetworkDriver.CreateNetwork", createNetworkRequest{NetworkID: "n2", IPv4Data: []ipamData{{Pool: "172.17.0.0/16"}}}, "--ipam-driver"},
+		{"NetworkDriver.DeleteNetwork", networkRequest{NetworkID: "nope"}, "unknown network"},
+		{"NetworkDriver.DeleteNetwork", networkRequest{NetworkID: netID}, "still has 1 endpoint"},
+		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: "nope", EndpointID: "e"}, "unknown network"},
+		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: used}}, "already exists"},
+		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "e2", Interface: &endpointInterface{Address: "10.64.0.5/16"}}, "not in skein pool"},
+		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "e2"}, "no address"},
+		{"NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "nope"}, "unknown endpoint"},
+		{"NetworkDriver.Leave", endpointRequest{NetworkID: netID}, "EndpointID is required"},
+		{"NetworkDriver.DeleteEndpoint", endpointRequest{NetworkID: netID, EndpointID: "nope"}, "unknown endpoint"},
+		{"NetworkDriver.EndpointOperInfo", endpointRequest{NetworkID: netID, EndpointID: "nope"}, "unknown endpoint"},
+	} {
+		e.fail(t, c.method, c.req, c.want)
+		if after := e.state(t); after != before {
+			t.Fatalf("%s %v changed the state:\nbefore:\n%s\nafter:\n%s", c.method, c.req, before, after)
+		}
+	}
+	resp, err := http.Get(e.srv.URL + "/Plugin.Activate")
+	if err == nil {
+		resp.Body.Close()
+	}
+	if err != nil || resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("GET should be refused: %v %v", resp, err)
+	}
+
+	// A dataplane failure leaves no endpoint record.
+	e.dp.fail = fmt.Errorf("boom: %w", dataplane.ErrLinkExists)
+	e.call(t, "IpamDriver.ReleaseAddress", releaseAddressRequest{PoolID: pids[0], Address: "10.91.0.2"})
+	before = e.state(t)
+	e.fail(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "e3", Interface: &endpointInterface{Address: "10.91.0.2/30"}}, "boom")
+	if after := e.state(t); after != before {
+		t.Errorf("a failed CreateEndpoint left state:\n%s", after)
+	}
+}
+
+// TestNoSubnetLoop: Docker repeats RequestPool without --subnet while the
+// answer overlaps a host route; skein refuses before that loops forever.
+func TestNoSubnetLoop(t *testing.T) {
+	e := newTenv(t)
+	for i := 0; i < maxUnbound; i++ {
+		e.call(t, "IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace})
+	}
+	e.fail(t, "IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace}, "give --subnet")
+}
+
+func TestGatewayRoute(t *testing.T) {
+	gw := netip.MustParseAddr("169.254.1.1")
+	taken := map[netip.Prefix]bool{}
+	for _, want := range []string{"169.254.1.1/32", "169.254.1.0/31", "169.254.1.0/30"} {
+		got := gatewayRoute(gw, taken)
+		if got.String() != want {
+			t.Errorf("gatewayRoute = %s, want %s", got, want)
+		}
+		taken[got] = true
+	}
+	if h := halves(netip.MustParsePrefix("fd00:1::/64")); fmt.Sprint(h) != "[fd00:1::/65 fd00:1:0:0:8000::/65]" {
+		t.Errorf("halves = %v", h)
+	}
+}

@@ -1,0 +1,437 @@
+package docker_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// nodeAddr is an address of the node itself (on its lo) that containers ping.
+var nodeAddr = netip.MustParseAddr("198.51.100.1")
+
+// image is the busybox image every engine gets (docker import; no registry).
+const image = "skein/busybox"
+
+// pluginDir is where dockerd discovers plugin sockets (not configurable).
+const pluginDir = "/run/docker/plugins"
+
+// env is one node namespace with skeind and a Docker engine both serving
+// it: dockerd runs inside the node namespace, so the veth peer skein leaves
+// there is what Docker moves into containers, and the namespace the test
+// runs in (the real host's) is never touched.
+type env struct {
+	node    *harness.NS
+	sk      *skeintest.Daemon
+	driver  string // plugin name: -d and --ipam-driver
+	dir     string
+	sock    string // dockerd's API socket
+	dockerd *exec.Cmd
+	dlog    *bytes.Buffer
+	ddone   chan struct{}
+	// base is the node namespace with both daemons up and nothing else.
+	base harness.State
+}
+
+// dockerCLI prefers the newer client; both speak API 1.41.
+func dockerCLI() string {
+	if _, err := os.Stat("/usr/local/bin/docker"); err == nil {
+		return "/usr/local/bin/docker"
+	}
+	return "docker"
+}
+
+func requireDocker(t testing.TB) {
+	t.Helper()
+	harness.RequireRoot(t)
+	for _, b := range []string{"dockerd", dockerCLI(), "containerd", "runc"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("skipping: %s not installed (scripts/deps.d/docker.sh installs docker.io)", b)
+		}
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("skipping: /bin/busybox missing (apt-get install busybox-static)")
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newEnv starts skeind (with the Docker plugin under a unique name) and a
+// dockerd in a new node namespace. The host's network is compared before
+// and after the test.
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	requireDocker(t)
+	hostBefore := hostState(t)
+	t.Cleanup(func() { assertHostSame(t, hostBefore, hostState(t)) })
+
+	e := &env{node: harness.NewNS(t, "dknode"), driver: "skein-" + randHex(4)}
+	h := e.node.Handle(t)
+	lo, _ := h.LinkByName("lo")
+	if err := h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: nodeAddr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	plugin := filepath.Join(pluginDir, e.driver+".sock")
+	t.Cleanup(func() { os.Remove(plugin) })
+	e.sk = skeintest.StartDaemon(t, skeintest.Options{Node: e.node, Args: []string{"--docker-socket", plugin}})
+
+	var err error
+	if e.dir, err = os.MkdirTemp("", "skdocker-"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(e.dir) })
+	e.sock = filepath.Join(e.dir, "docker.sock")
+	e.startDockerd(t)
+	t.Cleanup(func() { e.stopDockerd(t) })
+	e.importImage(t)
+	e.base = nodeState(t, e.node)
+	return e
+}
+
+// startDockerd runs dockerd inside the node namespace, as TESTBED.md says:
+// its own roots and socket, no default bridge, no iptables or forwarding
+// changes. (Not `ip netns exec`: it remounts /sys, hiding the cgroups.)
+func (e *env) startDockerd(t testing.TB) {
+	t.Helper()
+	e.dlog = &bytes.Buffer{}
+	e.dockerd = exec.Command("dockerd",
+		"--data-root", filepath.Join(e.dir, "data"),
+		"--exec-root", filepath.Join(e.dir, "exec"),
+		"--pidfile", filepath.Join(e.dir, "docker.pid"),
+		"-H", "unix://"+e.sock,
+		"--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false")
+	e.dockerd.Stdout, e.dockerd.Stderr = e.dlog, e.dlog
+	if err := e.node.Do(e.dockerd.Start); err != nil {
+		t.Fatalf("start dockerd in %s: %v", e.node.Name(), err)
+	}
+	e.ddone = make(chan struct{})
+	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(e.dockerd, e.ddone)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-e.ddone:
+			t.Fatalf("dockerd exited at start:\n%s", e.dlog.String())
+		default:
+		}
+		if _, err := e.docker("version"); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("dockerd did not answer within 60s:\n%s", tail(e.dlog.String(), 30))
+}
+
+// stopDockerd removes every container (SIGKILL: busybox as PID 1 ignores
+// SIGTERM) and stops dockerd.
+func (e *env) stopDockerd(t testing.TB) {
+	select {
+	case <-e.ddone:
+		return
+	default:
+	}
+	if ids, err := e.docker("ps", "-aq"); err == nil && strings.TrimSpace(ids) != "" {
+		e.docker(append([]string{"rm", "-f"}, strings.Fields(ids)...)...)
+	}
+	_ = e.dockerd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.ddone:
+	case <-time.After(30 * time.Second):
+		_ = e.dockerd.Process.Kill()
+		<-e.ddone
+		t.Errorf("dockerd did not exit on SIGTERM")
+	}
+	if t.Failed() {
+		t.Logf("dockerd log (tail):\n%s", tail(e.dlog.String(), 40))
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+var (
+	imageOnce sync.Once
+	imageTar  []byte
+	imageErr  error
+)
+
+// importImage gives the engine a busybox image: /bin/busybox and one
+// symlink per applet (but "busybox" itself), PATH=/bin.
+func (e *env) importImage(t testing.TB) {
+	t.Helper()
+	imageOnce.Do(func() {
+		bb, err := os.ReadFile("/bin/busybox")
+		if err != nil {
+			imageErr = err
+			return
+		}
+		list, err := exec.Command("/bin/busybox", "--list").Output()
+		if err != nil {
+			imageErr = fmt.Errorf("busybox --list: %w", err)
+			return
+		}
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
+		tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))})
+		tw.Write(bb)
+		for _, a := range strings.Fields(string(list)) {
+			if a != "busybox" {
+				tw.WriteHeader(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
+			}
+		}
+		imageErr = tw.Close()
+		imageTar = buf.Bytes()
+	})
+	if imageErr != nil {
+		t.Fatalf("build busybox image: %v", imageErr)
+	}
+	cmd := exec.Command(dockerCLI(), "-H", "unix://"+e.sock, "import", "--change", "ENV PATH=/bin", "-", image)
+	cmd.Stdin = bytes.NewReader(imageTar)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("docker import: %v\n%s", err, out)
+	}
+}
+
+// docker runs the CLI against this engine and returns its combined output.
+func (e *env) docker(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, dockerCLI(), append([]string{"-H", "unix://" + e.sock}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func (e *env) mustDocker(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := e.docker(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// wantDockerError runs a command that must fail with a message containing
+// every one of want.
+func (e *env) wantDockerError(t testing.TB, what string, args []string, want ...string) {
+	t.Helper()
+	out, err := e.docker(args...)
+	if err == nil {
+		t.Errorf("%s: docker %s should fail; it printed %q", what, strings.Join(args, " "), out)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s: the error Docker shows should say %q; it is: %s", what, w, out)
+		}
+	}
+}
+
+// network creates a skein network and returns its ID.
+func (e *env) network(t testing.TB, name string, flags ...string) string {
+	t.Helper()
+	args := append([]string{"network", "create", "-d", e.driver, "--ipam-driver", e.driver}, flags...)
+	return e.mustDocker(t, append(args, name)...)
+}
+
+// run starts a long-running container and returns its name.
+func (e *env) run(t testing.TB, name string, flags ...string) string {
+	t.Helper()
+	args := append([]string{"run", "-d", "--name", name}, flags...)
+	e.mustDocker(t, append(args, image, "sleep", "600")...)
+	return name
+}
+
+// addrs returns a container's addresses on network net, from docker inspect.
+func (e *env) addrs(t testing.TB, ctr, net string) []netip.Addr {
+	t.Helper()
+	var nets map[string]struct {
+		IPAddress, GlobalIPv6Address, Gateway, IPv6Gateway, EndpointID string
+	}
+	if err := json.Unmarshal([]byte(e.mustDocker(t, "inspect", "-f", "{{json .NetworkSettings.Networks}}", ctr)), &nets); err != nil {
+		t.Fatal(err)
+	}
+	n, ok := nets[net]
+	if !ok {
+		t.Fatalf("container %s is not on network %s", ctr, net)
+	}
+	var out []netip.Addr
+	for _, s := range []string{n.IPAddress, n.GlobalIPv6Address} {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// ping pings addr from inside a container (busybox ping, as a user would).
+func (e *env) ping(t testing.TB, from string, to netip.Addr) {
+	t.Helper()
+	var err error
+	for i := 0; i < 3; i++ {
+		if _, err = e.docker("exec", from, "ping", "-c1", "-W2", to.String()); err == nil {
+			return
+		}
+	}
+	t.Errorf("%s should reach %s: %v", from, to, err)
+}
+
+// dockerAttachments lists skeind's attachments made by the Docker front door.
+func (e *env) dockerAttachments(t testing.TB) []*rpc.Attachment {
+	t.Helper()
+	var out []*rpc.Attachment
+	for _, a := range e.sk.Attachments(t) {
+		if a.Owner == "docker" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// endpointAddrs returns the addresses of the endpoint attachment whose
+// container column (the endpoint ID) is id.
+func (e *env) endpointAddrs(t testing.TB, endpointID string) []netip.Addr {
+	t.Helper()
+	for _, a := range e.dockerAttachments(t) {
+		if a.ContainerId == endpointID && strings.HasPrefix(a.Network, "docker:") {
+			var out []netip.Addr
+			for _, s := range a.Addresses {
+				out = append(out, netip.MustParseAddr(s))
+			}
+			return out
+		}
+	}
+	t.Fatalf("skeind has no endpoint %s", endpointID)
+	return nil
+}
+
+func (e *env) pools(t testing.TB) []string {
+	t.Helper()
+	l, err := e.sk.Admin(t).ListPools(context.Background(), &rpc.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range l.Pools {
+		out = append(out, p.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// assertClean: no Docker attachment in skeind, only the pools named, and
+// the node namespace as it was with both daemons just started.
+func (e *env) assertClean(t testing.TB, pools ...string) {
+	t.Helper()
+	if atts := e.dockerAttachments(t); len(atts) > 0 {
+		var s []string
+		for _, a := range atts {
+			s = append(s, fmt.Sprintf("%s/%s%v", a.Network, a.ContainerId, a.Addresses))
+		}
+		t.Errorf("skeind still holds Docker attachments: %s", strings.Join(s, ", "))
+	}
+	want := append([]string{"default"}, pools...)
+	slices.Sort(want)
+	if got := e.pools(t); !slices.Equal(got, want) {
+		t.Errorf("skeind's pools: want %v, have %v", want, got)
+	}
+	harness.AssertSame(t, e.base, nodeState(t, e.node))
+}
+
+// nodeState snapshots the node without the export table: a block stays
+// claimed (and exported) after its last address is released.
+func nodeState(t testing.TB, node *harness.NS) harness.State {
+	t.Helper()
+	st := harness.Snapshot(t, node)
+	st.Routes = slices.DeleteFunc(st.Routes, func(r string) bool { return strings.HasPrefix(r, "table 119 ") })
+	return st
+}
+
+// hostState describes the test process's own namespace (the real host),
+// read-only: links, routes of every table, rules.
+func hostState(t testing.TB) []string {
+	t.Helper()
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var out []string
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+		out = append(out, fmt.Sprintf("link %s %s up=%t", l.Attrs().Name, l.Type(), l.Attrs().Flags&net.FlagUp != 0))
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.IsLinkLocalMulticast() {
+			continue
+		}
+		out = append(out, fmt.Sprintf("route table %d %v via %v dev %s", r.Table, r.Dst, r.Gw, names[r.LinkIndex]))
+	}
+	rules, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		out = append(out, fmt.Sprintf("rule %d prio %d table %d", r.Family, r.Priority, r.Table))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func assertHostSame(t testing.TB, before, after []string) {
+	t.Helper()
+	var gone, added []string
+	for _, s := range before {
+		if !slices.Contains(after, s) {
+			gone = append(gone, s)
+		}
+	}
+	for _, s := range after {
+		if !slices.Contains(before, s) {
+			added = append(added, s)
+		}
+	}
+	if len(gone)+len(added) > 0 {
+		t.Errorf("the host's own network changed (it must never be touched):\n  gone:  %v\n  added: %v", gone, added)
+	}
+}
