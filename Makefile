@@ -5,7 +5,13 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps test unit demo vet fmt clean proto
+.PHONY: all build deps test unit demo vet fmt clean proto conformance bench bench-quick
+
+# cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
+SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
+CNITOOL     ?= $(SKEIN_TOOLS)/cni-v1.3.1/cnitool
+export CNITOOL
+BENCH_OUT   ?= $(CURDIR)/bench/out
 
 all: build
 
@@ -16,13 +22,28 @@ deps:
 	./scripts/install-deps.sh
 
 # Every test: unit tests and the privileged ones (real namespaces, real
-# kernel, the real binaries through libcni). Run as root.
+# kernel, the real binaries through libcni), the conformance suite
+# (test/conformance) included. Run as root.
 test: deps build vet
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m ./...
 
 # Unit tests only (no root needed; privileged tests skip).
 unit:
 	$(GO) test -count=1 ./internal/ipam/... ./internal/store/... ./internal/cni/... ./cmd/...
+
+# CNI conformance through clients other people wrote: cnitool, libcni,
+# podman, containerd, the reference plugins chained after skein. Root.
+conformance: deps build
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 10m ./test/conformance/
+
+# skein against bridge/ptp+host-local and the raw-netlink floor, one run on
+# this machine: report.md, results.json and charts in $(BENCH_OUT). Root.
+bench: deps build
+	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT)
+
+# The same in under two minutes: fewer operations, nodes of 10 and 1,000.
+bench-quick: deps build
+	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT) -quick
 
 vet:
 	$(GO) vet ./...

@@ -1,7 +1,7 @@
-// Package bench holds skein's benchmarks: the CNI front door through libcni
-// (plugin exec included, as a runtime sees it) side by side with the
-// raw-netlink floor of the same plumbing, and the harness behind
-// `make bench`.
+// Package bench holds skein's benchmark: the harness behind `make bench`
+// (cmd/skein-bench) that measures skein side by side with the reference
+// CNI plugins and the raw-netlink floor of the same plumbing, on one
+// machine in one run, and the `go test -bench` micro-benchmarks.
 package bench
 
 import (
@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -16,28 +17,78 @@ import (
 	"github.com/skeinnet/skein/internal/netns"
 )
 
-// Floor does the kernel work of a routed-veth attachment and nothing else —
-// no IPAM, no store, no IPC, no process: create the veth pair in the node,
-// move the peer into the pod, address it, bring both ends up, route the
-// pod's addresses on the host and the pod's default routes via the host.
-// It is the physical limit any CNI plugin of this design can approach.
+// Floor does the kernel work of a skein attachment and nothing else — no
+// IPAM, no store, no IPC, no process — in as few netlink requests as the
+// dataplane makes: the veth pair in one request with the peer created in
+// the pod, the tag alias, the host side's sysctls and gateway address, the
+// host routes to the pod, and in the pod: link up, addresses, default
+// routes via the gateway. It is the limit any plugin of this design can
+// approach.
+//
+// Concurrent calls use netlink sockets of their own: vishvananda/netlink
+// holds a handle's socket for the whole of a request, so one shared
+// handle would queue every ADD behind a DEL's ~15 ms veth teardown and
+// measure that queue instead of the kernel.
 type Floor struct {
-	node *netlink.Handle
+	nodePath string
+	idle     chan *netlink.Handle
+	mu       sync.Mutex
+	closers  []func()
 }
 
-// NewFloor returns a floor plumber for the node namespace at nodePath.
+// NewFloor returns a floor plumber for the node namespace at nodePath and
+// a function that closes its sockets.
 func NewFloor(nodePath string) (*Floor, func(), error) {
-	h, closeH, err := netns.Handle(nodePath)
+	f := &Floor{nodePath: nodePath, idle: make(chan *netlink.Handle, 256)}
+	h, err := f.get() // fail now if the namespace is unusable
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Floor{node: h}, closeH, nil
+	f.put(h)
+	return f, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.closers {
+			c()
+		}
+		f.closers = nil
+	}, nil
 }
 
-var gw4, gw6 = net.ParseIP("169.254.1.1"), net.ParseIP("fe80::1")
+// get returns an idle node handle or opens one.
+func (f *Floor) get() (*netlink.Handle, error) {
+	select {
+	case h := <-f.idle:
+		return h, nil
+	default:
+	}
+	h, closeH, err := netns.Handle(f.nodePath)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.closers = append(f.closers, closeH)
+	f.mu.Unlock()
+	return h, nil
+}
 
-// Setup plumbs host link hostName to ifName in the pod at podPath.
+func (f *Floor) put(h *netlink.Handle) {
+	select {
+	case f.idle <- h:
+	default: // more callers than slots: closed with the others at the end
+	}
+}
+
+var gw4, gw6 = netip.MustParseAddr("169.254.1.1"), netip.MustParseAddr("fe80::1")
+
+// Setup plumbs host link hostName to ifName in the pod at podPath. It is
+// safe for concurrent use.
 func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) error {
+	node, err := f.get()
+	if err != nil {
+		return err
+	}
+	defer f.put(node)
 	pod, closePod, err := netns.Handle(podPath)
 	if err != nil {
 		return err
@@ -49,17 +100,44 @@ func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) erro
 	}
 	defer nsf.Close()
 
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName, Flags: net.FlagUp}, PeerName: ifName}
-	if err := f.node.LinkAdd(veth); err != nil {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName, Flags: net.FlagUp, TxQLen: -1},
+		PeerName: ifName, PeerTxQLen: -1, PeerNamespace: netlink.NsFd(nsf.Fd())}
+	if err := node.LinkAdd(veth); err != nil {
 		return fmt.Errorf("veth: %w", err)
 	}
-	peer, err := f.node.LinkByName(ifName)
-	if err != nil {
+	if err := node.LinkSetAlias(veth, "floor:"+hostName); err != nil {
 		return err
 	}
-	if err := f.node.LinkSetNsFd(peer, int(nsf.Fd())); err != nil {
-		return fmt.Errorf("move: %w", err)
+	var has4, has6 bool
+	for _, a := range addrs {
+		has4, has6 = has4 || a.Is4(), has6 || a.Is6()
 	}
+	if has4 {
+		if err := netns.WriteSysctls(f.nodePath,
+			[2]string{"net/ipv4/conf/" + hostName + "/proxy_arp", "1"},
+			[2]string{"net/ipv4/conf/" + hostName + "/forwarding", "1"}); err != nil {
+			return err
+		}
+		if err := node.AddrAdd(veth, &netlink.Addr{IPNet: netlink.NewIPNet(gw4.AsSlice()), Scope: unix.RT_SCOPE_LINK}); err != nil {
+			return err
+		}
+	}
+	if has6 {
+		gw := &netlink.Addr{IPNet: &net.IPNet{IP: gw6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := node.AddrAdd(veth, gw); err != nil {
+			return err
+		}
+	}
+	for _, a := range addrs {
+		host := &netlink.Route{LinkIndex: veth.Index, Dst: netlink.NewIPNet(a.AsSlice()), Table: 116}
+		if a.Is4() {
+			host.Scope = netlink.SCOPE_LINK
+		}
+		if err := node.RouteAdd(host); err != nil {
+			return fmt.Errorf("host route %s: %w", a, err)
+		}
+	}
+
 	ctr, err := pod.LinkByName(ifName)
 	if err != nil {
 		return err
@@ -75,30 +153,46 @@ func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) erro
 		if err := pod.AddrAdd(ctr, ad); err != nil {
 			return err
 		}
-		gw, r := gw4, &netlink.Route{LinkIndex: ctr.Attrs().Index, Flags: int(netlink.FLAG_ONLINK)}
-		if a.Is6() {
-			gw, r.Flags = gw6, 0
+	}
+	if has4 {
+		if err := pod.RouteAdd(&netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: gw4.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
+			return fmt.Errorf("pod default route: %w", err)
 		}
-		r.Gw = gw
-		if err := pod.RouteAdd(r); err != nil {
-			return err
-		}
-		host := &netlink.Route{LinkIndex: veth.Index, Dst: netlink.NewIPNet(a.AsSlice()), Scope: netlink.SCOPE_LINK, Table: 116}
-		if a.Is6() {
-			host.Scope = netlink.SCOPE_UNIVERSE
-		}
-		if err := f.node.RouteAdd(host); err != nil {
-			return err
+	}
+	if has6 {
+		if err := pod.RouteAdd(&netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: gw6.AsSlice()}); err != nil {
+			return fmt.Errorf("pod default route: %w", err)
 		}
 	}
 	return nil
 }
 
-// Teardown deletes the host link (and with it the peer and the routes).
+// Teardown deletes the host link, and with it the peer, the addresses and
+// the routes: the synchronous kernel work any DEL of this design must do.
 func (f *Floor) Teardown(hostName string) error {
-	l, err := f.node.LinkByName(hostName)
+	node, err := f.get()
 	if err != nil {
 		return err
 	}
-	return f.node.LinkDel(l)
+	defer f.put(node)
+	l, err := node.LinkByName(hostName)
+	if err != nil {
+		return err
+	}
+	return node.LinkDel(l)
+}
+
+// TeardownInPod deletes the pair from the pod's end, inside the pod's
+// namespace, as the reference bridge and ptp plugins do.
+func (f *Floor) TeardownInPod(podPath, ifName string) error {
+	pod, closePod, err := netns.Handle(podPath)
+	if err != nil {
+		return err
+	}
+	defer closePod()
+	l, err := pod.LinkByName(ifName)
+	if err != nil {
+		return err
+	}
+	return pod.LinkDel(l)
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -32,13 +33,61 @@ const callTimeout = 60 * time.Second
 var buildVersion = "dev"
 
 func main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{
+	confVersion := peekVersion()
+	if e := skel.PluginMainFuncsWithError(skel.CNIFuncs{
 		Add:    call("ADD"),
 		Del:    call("DEL"),
 		Check:  call("CHECK"),
 		GC:     call("GC"),
 		Status: call("STATUS"),
-	}, version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), "skein CNI plugin "+buildVersion)
+	}, version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), "skein CNI plugin "+buildVersion); e != nil {
+		printError(confVersion, e)
+		os.Exit(1)
+	}
+}
+
+// peekVersion reads the configuration on stdin ahead of skel so that an
+// error can carry its cniVersion, as the spec's error format asks (skel's
+// own printer leaves it out); skel then reads the same bytes from a pipe.
+// Without CNI_COMMAND skel prints its "about" line and reads nothing.
+func peekVersion() string {
+	if os.Getenv("CNI_COMMAND") == "" {
+		return ""
+	}
+	data, err := io.ReadAll(os.Stdin)
+	r, w, perr := os.Pipe()
+	if perr != nil {
+		return ""
+	}
+	go func() {
+		_, _ = w.Write(data)
+		w.Close()
+	}()
+	os.Stdin = r
+	if err != nil {
+		return ""
+	}
+	var c struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	_ = json.Unmarshal(data, &c)
+	return c.CNIVersion
+}
+
+// printError writes the spec's error object to stdout. When the
+// configuration gave no version (it could not be decoded) the newest one
+// skein speaks is named.
+func printError(confVersion string, e *types.Error) {
+	if confVersion == "" {
+		confVersion = "1.1.0"
+	}
+	out, _ := json.MarshalIndent(struct {
+		CNIVersion string `json:"cniVersion"`
+		Code       uint   `json:"code"`
+		Msg        string `json:"msg"`
+		Details    string `json:"details,omitempty"`
+	}{confVersion, e.Code, e.Msg, e.Details}, "", "    ")
+	_, _ = os.Stdout.Write(append(out, '\n'))
 }
 
 func socketPath(stdin []byte) string {

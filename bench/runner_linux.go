@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/test/harness"
+)
+
+// Run measures every contender in turn on a fresh node of its own, then
+// the data path and skeind's restart, and returns the report. Everything
+// it creates — namespaces, daemons, files — is removed before it returns,
+// also when ctx is cancelled or a step fails (the failure is recorded in
+// Report.Errors and the other steps still run).
+func Run(ctx context.Context, cfg Config, prog *progress) *Report {
+	rep := &Report{Config: cfg, Started: time.Now().UTC(), Machine: machine()}
+	baseNetNS := netnsObjects()
+	var cs []contender
+	for _, c := range []contender{&floorContender{dual: cfg.Dual}, &floorContender{dual: cfg.Dual, podDel: true},
+		newSkeinContender(cfg.Dual), bridgeContender(cfg.Dual), ptpContender(cfg.Dual)} {
+		// floor-poddel is an experiment, run only when named.
+		if len(cfg.Contenders) == 0 && c.Name() != "floor-poddel" || slices.Contains(cfg.Contenders, c.Name()) {
+			cs = append(cs, c)
+		}
+	}
+	for _, c := range cs {
+		if ctx.Err() != nil {
+			break
+		}
+		rep.order = append(rep.order, c.Name())
+		sc := newScope(c.Name(), cfg.Verbose)
+		err := catch(func() { measureContender(ctx, sc, c, cfg, rep, prog) })
+		prog.setPhase("%s: removing its node and pods", c.Name())
+		sc.close()
+		waitNetnsGone(baseNetNS)
+		if err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", c.Name(), err))
+		}
+	}
+	if ctx.Err() == nil && (len(cfg.Contenders) == 0 || slices.Contains(cfg.Contenders, "skein")) {
+		sc := newScope("data path", cfg.Verbose)
+		if err := catch(func() { rep.DataPath = measureDataPath(ctx, sc, cfg, prog) }); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("data path: %v", err))
+		}
+		sc.close()
+	}
+	if ctx.Err() != nil {
+		rep.Errors = append(rep.Errors, "interrupted: "+ctx.Err().Error())
+	}
+	rep.Seconds = time.Since(rep.Started).Seconds()
+	return rep
+}
+
+// units estimates the work of a run, for the progress bar: one unit per
+// ADD+DEL pair, half a unit per preloaded attachment, fixed amounts for the
+// data path and restart.
+func units(cfg Config, contenders int) float64 {
+	var u float64
+	top := 0
+	for _, l := range cfg.Levels {
+		top = max(top, l)
+	}
+	u += float64(contenders) * (float64(top)/2 + float64(cfg.Warmup) + float64(len(cfg.Levels)*len(cfg.Concurrency)*cfg.Ops))
+	u += float64(cfg.RestartTrials) * 20
+	u += float64(2*cfg.IperfRounds*cfg.IperfSeconds)*10 + 20
+	return u
+}
+
+func measureContender(ctx context.Context, sc *scope, c contender, cfg Config, rep *Report, prog *progress) {
+	prog.setPhase("%s: starting its node", c.Name())
+	c.start(sc)
+	name := c.Name()
+	short := strings.SplitN(name, "+", 2)[0]
+
+	// Warm up: page cache, first-exec costs, lazily created kernel state.
+	if cfg.Warmup > 0 {
+		prog.setPhase("%s: warm-up", name)
+		pods := newPods(sc, cfg.Warmup)
+		row := churn(ctx, c, short+"-warm", pods, 1, prog)
+		if row.Failed > 0 {
+			sc.Fatalf("warm-up: %d of %d ADD+DEL failed, first: %s", row.Failed, cfg.Warmup, row.FirstErr)
+		}
+		removePods(pods)
+	}
+
+	limit, why := 1<<30, ""
+	if l, ok := c.(limited); ok {
+		limit, why = l.maxAttachments()
+	}
+	loaded := 0
+	for _, level := range cfg.Levels {
+		if ctx.Err() != nil {
+			return
+		}
+		if level >= limit {
+			for _, conc := range cfg.Concurrency {
+				rep.Latency = append(rep.Latency, LatencyRow{Contender: name, Attachments: level, Concurrency: conc, NA: why})
+			}
+			continue
+		}
+		if n := level - loaded; n > 0 {
+			prog.setPhase("%s: filling the node to %d attachments", name, level)
+			start := time.Now()
+			pods := newPods(sc, n)
+			ids := make([]string, n)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("%s-pre-%d", short, loaded+i)
+			}
+			var err error
+			if p, ok := c.(preloader); ok {
+				err = p.preload(ids, pods)
+			} else {
+				err = parallel(8, n, func(i int) error { return c.add(ids[i], pods[i]) })
+			}
+			prog.add(float64(n) / 2)
+			if err != nil {
+				sc.Fatalf("fill the node to %d attachments: %v", level, err)
+			}
+			rep.Preload = append(rep.Preload, PreloadRow{Contender: name, Attachments: level, Seconds: time.Since(start).Seconds()})
+			loaded = level
+		}
+		if s, ok := c.(*skeinContender); ok {
+			if kib, err := s.rss(); err == nil {
+				rep.RSS = append(rep.RSS, RSSRow{Attachments: loaded, KiB: kib, When: "after filling"})
+			}
+		}
+		for _, conc := range cfg.Concurrency {
+			if ctx.Err() != nil {
+				return
+			}
+			if level+conc > limit {
+				rep.Latency = append(rep.Latency, LatencyRow{Contender: name, Attachments: level, Concurrency: conc, NA: why})
+				prog.add(float64(cfg.Ops))
+				continue
+			}
+			prog.setPhase("%s: %d attachments on the node, concurrency %d", name, level, conc)
+			pods := newPods(sc, cfg.Ops)
+			row := churn(ctx, c, fmt.Sprintf("%s-%d-%d", short, level, conc), pods, conc, prog)
+			row.Contender, row.Attachments = name, level
+			rep.Latency = append(rep.Latency, row)
+		}
+	}
+	if s, ok := c.(*skeinContender); ok && cfg.RestartTrials > 0 && ctx.Err() == nil {
+		prog.setPhase("skein: restarting skeind with %d attachments", loaded)
+		rep.Restart = s.measureRestart(sc, loaded, cfg.RestartTrials, prog)
+	}
+}
+
+// newPods makes n pod namespaces (owned by sc).
+func newPods(sc *scope, n int) []*harness.NS {
+	pods := make([]*harness.NS, n)
+	for i := range pods {
+		pods[i] = harness.NewNS(sc, "bpod")
+	}
+	return pods
+}
+
+// removePods unpins namespaces whose attachments are gone, now rather than
+// at the end of the contender (their cleanup then finds nothing to do).
+// Only between phases that are not measured: the kernel destroys a
+// namespace asynchronously, under the rtnl lock every ADD and DEL needs.
+func removePods(pods []*harness.NS) {
+	for _, p := range pods {
+		_ = netns.Remove(p.Path())
+	}
+}
+
+// churn runs len(pods) ADD+DEL pairs on conc workers: each worker takes a
+// pod, ADDs it, DELs it, and takes the next. Both latencies are recorded;
+// the throughput is pairs per second of wall time.
+func churn(ctx context.Context, c contender, prefix string, pods []*harness.NS, conc int, prog *progress) LatencyRow {
+	var (
+		mu       sync.Mutex
+		add, del []time.Duration
+		failed   int
+		firstErr error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		failed++
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	start := time.Now()
+	_ = parallel(conc, len(pods), func(i int) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		t0 := time.Now()
+		err := c.add(id, pods[i])
+		t1 := time.Now()
+		if err != nil {
+			fail(fmt.Errorf("ADD %s: %w", id, err))
+			_ = c.del(id, pods[i])
+			prog.add(1)
+			return nil
+		}
+		err = c.del(id, pods[i])
+		t2 := time.Now()
+		if err != nil {
+			fail(fmt.Errorf("DEL %s: %w", id, err))
+		}
+		mu.Lock()
+		add = append(add, t1.Sub(t0))
+		if err == nil {
+			del = append(del, t2.Sub(t1))
+		}
+		mu.Unlock()
+		prog.add(1)
+		return nil
+	})
+	wall := time.Since(start)
+	row := LatencyRow{Concurrency: conc, Add: distOf(add), Del: distOf(del), Wall: wall.Seconds(), Failed: failed}
+	if n := len(del); n > 0 {
+		row.PerSecond = float64(n) / wall.Seconds()
+	}
+	if firstErr != nil {
+		row.FirstErr = firstErr.Error()
+	}
+	return row
+}
+
+// netnsObjects is the kernel's count of live network namespaces
+// (/proc/slabinfo net_namespace), -1 if it cannot be read.
+func netnsObjects() int {
+	b, err := os.ReadFile("/proc/slabinfo")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && f[0] == "net_namespace" {
+			var n int
+			fmt.Sscan(f[1], &n)
+			return n
+		}
+	}
+	return -1
+}
+
+// waitNetnsGone waits until the kernel has destroyed the namespaces just
+// removed (it does so asynchronously, holding the rtnl lock), so that the
+// next contender is not measured against that cleanup: until the count is
+// back near base or has stopped falling for two seconds (other software on
+// the machine may hold namespaces of its own), at most two minutes.
+func waitNetnsGone(base int) {
+	if base < 0 {
+		return
+	}
+	last, since := netnsObjects(), time.Now()
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		n := netnsObjects()
+		if n <= base+8 {
+			return
+		}
+		if n < last {
+			last, since = n, time.Now()
+		} else if time.Since(since) > 2*time.Second {
+			return
+		}
+	}
+}
+
+var errNoPID = errors.New("skeind process not found")
+
+// Execute runs the benchmark with a progress bar on progressOut (redrawn in
+// place when tty) and writes the report into cfg.Out. The returned error
+// is about writing the report; failed steps are listed in Report.Errors.
+func Execute(ctx context.Context, cfg Config, progressOut io.Writer, tty bool) (*Report, error) {
+	n := 4
+	if len(cfg.Contenders) > 0 {
+		n = len(cfg.Contenders)
+	}
+	prog := newProgress(progressOut, tty, units(cfg, n))
+	rep := Run(ctx, cfg, prog)
+	prog.finish()
+	return rep, rep.Write(cfg.Out)
+}
