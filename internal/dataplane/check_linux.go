@@ -20,6 +20,11 @@ import (
 // missing (ErrNetNSNotExist/ErrNotNetNS if the namespace is the problem).
 func (d *Dataplane) Check(l Link) (retErr error) {
 	defer wrap(&retErr, "check", l.HostName)
+	h, put, err := d.acquire()
+	if err != nil {
+		return err
+	}
+	defer put()
 	var missing []string
 	miss := func(format string, args ...any) { missing = append(missing, fmt.Sprintf(format, args...)) }
 	done := func() error {
@@ -34,7 +39,7 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	}
 
 	// Host side.
-	host, err := d.h.LinkByName(l.HostName)
+	host, err := h.LinkByName(l.HostName)
 	if err != nil {
 		if isNotFound(err) {
 			miss("host veth %q does not exist", l.HostName)
@@ -52,7 +57,7 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	if ha.Flags&net.FlagUp == 0 {
 		miss("host veth is down")
 	}
-	hostAddrs, err := d.h.AddrList(host, netlink.FAMILY_ALL)
+	hostAddrs, err := h.AddrList(host, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list host veth addresses: %w", err)
 	}
@@ -62,7 +67,7 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	if v6 && !hasAddr(hostAddrs, d.cfg.GatewayV6, 64) {
 		miss("host veth lacks gateway %s/64", d.cfg.GatewayV6)
 	}
-	routes, err := d.h.RouteListFiltered(netlink.FAMILY_ALL,
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL,
 		&netlink.Route{Table: d.cfg.PodTable, LinkIndex: ha.Index},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {

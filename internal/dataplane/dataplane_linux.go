@@ -114,8 +114,9 @@ func wrap(err *error, op, link string) {
 // Dataplane programs the routed-veth dataplane of one node namespace.
 type Dataplane struct {
 	cfg    Config
-	h      *netlink.Handle // socket in cfg.NodeNetNS
+	h      *netlink.Handle // socket in cfg.NodeNetNS, for the rare whole-node operations
 	closeH func()
+	pool   handlePool // sockets for attachment operations, one per caller at a time
 	mtu    int // resolved default MTU
 
 	// forceForwarding6: the kernel has the per-device IPv6 force_forwarding
@@ -159,6 +160,7 @@ func (d *Dataplane) Config() Config { return d.cfg }
 
 // Close releases the netlink socket. It changes nothing in the kernel.
 func (d *Dataplane) Close() error {
+	d.pool.close()
 	if d.closeH != nil {
 		d.closeH()
 		d.closeH = nil

@@ -55,6 +55,11 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 	if p.HostName == p.PeerName {
 		return Applied{}, fmt.Errorf("host and peer are both named %q: %w", p.HostName, ErrInvalid)
 	}
+	h, put, err := d.acquire()
+	if err != nil {
+		return Applied{}, err
+	}
+	defer put()
 
 	// 1. The pair, in one request, host end up.
 	hostMAC := randomMAC()
@@ -73,20 +78,20 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 		PeerHardwareAddr: peerMAC,
 		PeerTxQLen:       -1,
 	}
-	if err := d.h.LinkAdd(veth); err != nil {
+	if err := h.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			return Applied{}, d.whichPairExists(p)
+			return Applied{}, d.whichPairExists(h, p)
 		}
 		return Applied{}, fmt.Errorf("create veth pair %s/%s: %w", p.HostName, p.PeerName, err)
 	}
 	hostIndex := veth.Index
 	defer func() {
 		if retErr != nil {
-			d.rollback(hostIndex, p.HostName)
+			d.rollback(h, hostIndex, p.HostName)
 		}
 	}()
 	if hostIndex == 0 {
-		link, err := d.h.LinkByName(p.HostName)
+		link, err := h.LinkByName(p.HostName)
 		if err != nil {
 			return Applied{}, fmt.Errorf("find new host veth: %w", err)
 		}
@@ -94,16 +99,16 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 		veth.Index = hostIndex
 	}
 	// The tag first: from here on a crash leaves a link reconcile can see.
-	if err := d.h.LinkSetAlias(veth, p.Alias); err != nil {
+	if err := h.LinkSetAlias(veth, p.Alias); err != nil {
 		return Applied{}, fmt.Errorf("set alias of host veth: %w", err)
 	}
 
 	// 2. Host side, as Setup does it.
-	if err := d.programHostSide(veth, p.HostName, p.Addrs, v4, v6, true); err != nil {
+	if err := d.programHostSide(h, veth, p.HostName, p.Addrs, v4, v6, true); err != nil {
 		return Applied{}, err
 	}
 
-	peer, err := d.h.LinkByName(p.PeerName)
+	peer, err := h.LinkByName(p.PeerName)
 	if err != nil {
 		return Applied{}, fmt.Errorf("find peer %s: %w", p.PeerName, err)
 	}
@@ -119,7 +124,7 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 // programHostSide makes the host veth answer for the gateways, forward, and
 // receive the pod addresses through PodTable. noProxyDelay also zeroes the
 // proxy ARP delay.
-func (d *Dataplane) programHostSide(veth netlink.Link, name string, addrs []netip.Addr, v4, v6, noProxyDelay bool) error {
+func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name string, addrs []netip.Addr, v4, v6, noProxyDelay bool) error {
 	var sysctls [][2]string
 	if v4 {
 		sysctls = append(sysctls,
@@ -139,13 +144,13 @@ func (d *Dataplane) programHostSide(veth netlink.Link, name string, addrs []neti
 	}
 	if v4 {
 		gw := &netlink.Addr{IPNet: hostNet(d.cfg.GatewayV4), Scope: unix.RT_SCOPE_LINK}
-		if err := d.h.AddrAdd(veth, gw); err != nil {
+		if err := h.AddrAdd(veth, gw); err != nil {
 			return fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV4, err)
 		}
 	}
 	if v6 {
 		gw := &netlink.Addr{IPNet: &net.IPNet{IP: d.cfg.GatewayV6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := d.h.AddrAdd(veth, gw); err != nil {
+		if err := h.AddrAdd(veth, gw); err != nil {
 			return fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV6, err)
 		}
 	}
@@ -154,7 +159,7 @@ func (d *Dataplane) programHostSide(veth netlink.Link, name string, addrs []neti
 		if a.Is4() {
 			r.Scope = netlink.SCOPE_LINK
 		}
-		if err := d.h.RouteAdd(r); err != nil {
+		if err := h.RouteAdd(r); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				return fmt.Errorf("route %s in table %d: already routed to another link: %w", a, d.cfg.PodTable, err)
 			}
@@ -165,9 +170,9 @@ func (d *Dataplane) programHostSide(veth netlink.Link, name string, addrs []neti
 }
 
 // whichPairExists explains an EEXIST from LinkAdd without changing anything.
-func (d *Dataplane) whichPairExists(p Pair) error {
+func (d *Dataplane) whichPairExists(h *netlink.Handle, p Pair) error {
 	for _, n := range []string{p.HostName, p.PeerName} {
-		if _, err := d.h.LinkByName(n); err == nil {
+		if _, err := h.LinkByName(n); err == nil {
 			return fmt.Errorf("link %q: %w", n, ErrLinkExists)
 		}
 	}

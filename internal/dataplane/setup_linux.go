@@ -52,6 +52,11 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 	if err != nil {
 		return Applied{}, err
 	}
+	h, put, err := d.acquire()
+	if err != nil {
+		return Applied{}, err
+	}
+	defer put()
 
 	// 1. The pod namespace: verify it, keep an fd for the veth peer and a
 	// netlink socket inside it.
@@ -87,20 +92,20 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 		PeerTxQLen:       -1,
 		PeerNamespace:    netlink.NsFd(nsFile.Fd()),
 	}
-	if err := d.h.LinkAdd(veth); err != nil {
+	if err := h.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			return Applied{}, d.whichExists(pod, l)
+			return Applied{}, d.whichExists(h, pod, l)
 		}
 		return Applied{}, fmt.Errorf("create veth pair %s/%s: %w", l.HostName, l.IfName, err)
 	}
 	hostIndex := veth.Index // filled by LinkAdd's lookup; 0 if that failed
 	defer func() {
 		if retErr != nil {
-			d.rollback(hostIndex, l.HostName)
+			d.rollback(h, hostIndex, l.HostName)
 		}
 	}()
 	if hostIndex == 0 {
-		link, err := d.h.LinkByName(l.HostName)
+		link, err := h.LinkByName(l.HostName)
 		if err != nil {
 			return Applied{}, fmt.Errorf("find new host veth: %w", err)
 		}
@@ -110,49 +115,14 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 
 	// The kernel ignores IFLA_IFALIAS in a create request, so the ownership
 	// tag takes its own round trip.
-	if err := d.h.LinkSetAlias(veth, l.Alias); err != nil {
+	if err := h.LinkSetAlias(veth, l.Alias); err != nil {
 		return Applied{}, fmt.Errorf("set alias of host veth: %w", err)
 	}
 
-	// 3. Host side. Sysctls first, so the veth answers ARP and forwards
-	// before the pod can send anything.
-	var sysctls [][2]string
-	if v4 {
-		sysctls = append(sysctls,
-			[2]string{"net/ipv4/conf/" + l.HostName + "/proxy_arp", "1"},
-			[2]string{"net/ipv4/conf/" + l.HostName + "/forwarding", "1"})
-	}
-	if v6 && d.forceForwarding6 {
-		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + l.HostName + "/force_forwarding", "1"})
-	}
-	if len(sysctls) > 0 {
-		if err := netns.WriteSysctls(d.cfg.NodeNetNS, sysctls...); err != nil {
-			return Applied{}, fmt.Errorf("host veth: %w", err)
-		}
-	}
-	if v4 {
-		gw := &netlink.Addr{IPNet: hostNet(d.cfg.GatewayV4), Scope: unix.RT_SCOPE_LINK}
-		if err := d.h.AddrAdd(veth, gw); err != nil {
-			return Applied{}, fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV4, err)
-		}
-	}
-	if v6 {
-		gw := &netlink.Addr{IPNet: &net.IPNet{IP: d.cfg.GatewayV6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := d.h.AddrAdd(veth, gw); err != nil {
-			return Applied{}, fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV6, err)
-		}
-	}
-	for _, a := range l.Addrs {
-		r := &netlink.Route{LinkIndex: hostIndex, Dst: hostNet(a), Table: d.cfg.PodTable, Protocol: netlink.RouteProtocol(d.cfg.PodRouteProto)}
-		if a.Is4() {
-			r.Scope = netlink.SCOPE_LINK
-		}
-		if err := d.h.RouteAdd(r); err != nil {
-			if errors.Is(err, unix.EEXIST) {
-				return Applied{}, fmt.Errorf("route %s in table %d: already routed to another link: %w", a, d.cfg.PodTable, err)
-			}
-			return Applied{}, fmt.Errorf("route %s in table %d: %w", a, d.cfg.PodTable, err)
-		}
+	// 3. Host side (sysctls first, so the veth answers ARP and forwards
+	// before the pod can send anything), then 4. the pod side.
+	if err := d.programHostSide(h, veth, l.HostName, l.Addrs, v4, v6, false); err != nil {
+		return Applied{}, err
 	}
 
 	// 4. Pod side: up, addresses, default routes via the gateways.
@@ -196,15 +166,15 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 
 // rollback deletes the host veth Setup created, which takes the peer, the
 // addresses and every route through either end with it.
-func (d *Dataplane) rollback(index int, name string) {
+func (d *Dataplane) rollback(h *netlink.Handle, index int, name string) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Index, attrs.Name = index, name
-	_ = d.h.LinkDel(&netlink.Veth{LinkAttrs: attrs})
+	_ = h.LinkDel(&netlink.Veth{LinkAttrs: attrs})
 }
 
 // whichExists explains an EEXIST from LinkAdd without changing anything.
-func (d *Dataplane) whichExists(pod *netlink.Handle, l Link) error {
-	if _, err := d.h.LinkByName(l.HostName); err == nil {
+func (d *Dataplane) whichExists(h, pod *netlink.Handle, l Link) error {
+	if _, err := h.LinkByName(l.HostName); err == nil {
 		return fmt.Errorf("host veth %q: %w", l.HostName, ErrLinkExists)
 	}
 	if _, err := pod.LinkByName(l.IfName); err == nil {

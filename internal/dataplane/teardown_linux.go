@@ -28,28 +28,33 @@ import (
 func (d *Dataplane) Teardown(hostName, netnsPath, ifName string, addrs []netip.Addr) (retErr error) {
 	defer wrap(&retErr, "teardown", hostName)
 	_ = addrs
-	link, err := d.h.LinkByName(hostName)
+	h, put, err := d.acquire()
+	if err != nil {
+		return err
+	}
+	defer put()
+	link, err := h.LinkByName(hostName)
 	switch {
 	case err == nil:
 		if !d.owned(link) {
 			return fmt.Errorf("alias %q: %w", link.Attrs().Alias, ErrNotOwned)
 		}
-		return d.deleteLink(link)
+		return d.deleteLink(h, link)
 	case !isNotFound(err):
 		return fmt.Errorf("find host veth: %w", err)
 	}
 	if netnsPath == "" || ifName == "" {
 		return nil
 	}
-	link, err = d.hostEndFromPod(netnsPath, ifName)
+	link, err = d.hostEndFromPod(h, netnsPath, ifName)
 	if err != nil || link == nil {
 		return err
 	}
-	return d.deleteLink(link)
+	return d.deleteLink(h, link)
 }
 
-func (d *Dataplane) deleteLink(link netlink.Link) error {
-	if err := d.h.LinkDel(link); err != nil && !isNotFound(err) {
+func (d *Dataplane) deleteLink(h *netlink.Handle, link netlink.Link) error {
+	if err := h.LinkDel(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("delete %s: %w", link.Attrs().Name, err)
 	}
 	return nil
@@ -57,7 +62,7 @@ func (d *Dataplane) deleteLink(link netlink.Link) error {
 
 // hostEndFromPod finds the host end of the veth called ifName in the pod
 // namespace, or nil if there is none that skein owns.
-func (d *Dataplane) hostEndFromPod(netnsPath, ifName string) (netlink.Link, error) {
+func (d *Dataplane) hostEndFromPod(h *netlink.Handle, netnsPath, ifName string) (netlink.Link, error) {
 	if err := netns.IsNetNS(netnsPath); err != nil {
 		if errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetNS) {
 			return nil, nil // nothing of ours can be behind it
@@ -82,7 +87,7 @@ func (d *Dataplane) hostEndFromPod(netnsPath, ifName string) (netlink.Link, erro
 	if ctr.Type() != "veth" || ctr.Attrs().ParentIndex == 0 {
 		return nil, nil
 	}
-	host, err := d.h.LinkByIndex(ctr.Attrs().ParentIndex)
+	host, err := h.LinkByIndex(ctr.Attrs().ParentIndex)
 	if err != nil {
 		if isNotFound(err) {
 			return nil, nil
@@ -133,12 +138,17 @@ func isNotFound(err error) bool {
 // between creating the veth and tagging it leaves it untagged).
 func (d *Dataplane) Retag(hostName, alias string) (retErr error) {
 	defer wrap(&retErr, "retag", hostName)
-	link, err := d.h.LinkByName(hostName)
+	h, put, err := d.acquire()
+	if err != nil {
+		return err
+	}
+	defer put()
+	link, err := h.LinkByName(hostName)
 	if err != nil {
 		return err
 	}
 	if !d.owned(link) {
 		return fmt.Errorf("alias %q: %w", link.Attrs().Alias, ErrNotOwned)
 	}
-	return d.h.LinkSetAlias(link, alias)
+	return h.LinkSetAlias(link, alias)
 }
