@@ -61,9 +61,6 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("list host veth addresses: %w", err)
 	}
-	if v4 && !hasAddr(hostAddrs, d.cfg.GatewayV4, 32) {
-		miss("host veth lacks gateway %s/32", d.cfg.GatewayV4)
-	}
 	if v6 && !hasAddr(hostAddrs, d.cfg.GatewayV6, 64) {
 		miss("host veth lacks gateway %s/64", d.cfg.GatewayV6)
 	}

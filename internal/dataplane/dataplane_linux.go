@@ -32,8 +32,11 @@ type Config struct {
 	// Default 31 (unassigned in iproute2's rt_protos; above RTPROT_STATIC,
 	// so the kernel does not interpret it).
 	PodRouteProto int
-	// GatewayV4 is the pods' IPv4 gateway, put as a /32 (scope link) on every
-	// host veth. Default 169.254.1.1.
+	// GatewayV4 is the pods' IPv4 gateway. Default 169.254.1.1. It is on
+	// no interface: Init makes it one local route of the node (table
+	// local, tagged PodRouteProto) and host veths answer ARP for it. Putting
+	// the same address on every host veth would make each new veth cost
+	// O(attachments) in the kernel's address hash.
 	GatewayV4 netip.Addr
 	// GatewayV6 is the pods' IPv6 gateway, a link-local address put as a /64
 	// without DAD on every host veth. Default fe80::1.

@@ -27,6 +27,9 @@ func (d *Dataplane) Init() (retErr error) {
 			return fmt.Errorf("add rule family %d prio %d table %d: %w", family, d.cfg.RulePriority, d.cfg.PodTable, err)
 		}
 	}
+	if err := d.h.RouteReplace(d.gatewayRoute()); err != nil {
+		return fmt.Errorf("local route for gateway %s: %w", d.cfg.GatewayV4, err)
+	}
 	if d.cfg.NodeForwarding {
 		if err := netns.WriteSysctls(d.cfg.NodeNetNS,
 			[2]string{"net.ipv4.ip_forward", "1"},
@@ -54,7 +57,26 @@ func (d *Dataplane) Uninstall() (retErr error) {
 			return fmt.Errorf("delete rule family %d: %w", family, err)
 		}
 	}
+	if err := d.h.RouteDel(d.gatewayRoute()); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("delete gateway route: %w", err)
+	}
 	return d.SetExportedBlocks(nil)
+}
+
+// gatewayRoute makes GatewayV4 an address of the node without putting it on
+// any interface: "local GatewayV4 dev lo table local proto PodRouteProto".
+// A pod's ARP request for it arrives on a host veth and is answered there
+// (a local address, arp_ignore 0); packets to it are delivered locally and
+// answered from it (the kernel finds reply sources in the local table).
+func (d *Dataplane) gatewayRoute() *netlink.Route {
+	return &netlink.Route{
+		LinkIndex: 1, // lo is always index 1 in a network namespace
+		Dst:       hostNet(d.cfg.GatewayV4),
+		Type:      unix.RTN_LOCAL,
+		Scope:     netlink.SCOPE_HOST,
+		Table:     unix.RT_TABLE_LOCAL,
+		Protocol:  netlink.RouteProtocol(d.cfg.PodRouteProto),
+	}
 }
 
 func (d *Dataplane) rule(family int) *netlink.Rule {

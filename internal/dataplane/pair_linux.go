@@ -104,7 +104,7 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 	}
 
 	// 2. Host side, as Setup does it.
-	if err := d.programHostSide(h, veth, p.HostName, p.Addrs, v4, v6, true); err != nil {
+	if err := d.programHostSide(h, veth, p.HostName, p.Addrs, v4, v6); err != nil {
 		return Applied{}, err
 	}
 
@@ -121,18 +121,19 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 	}, nil
 }
 
-// programHostSide makes the host veth answer for the gateways, forward, and
-// receive the pod addresses through PodTable. noProxyDelay also zeroes the
-// proxy ARP delay.
-func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name string, addrs []netip.Addr, v4, v6, noProxyDelay bool) error {
+// programHostSide makes the host veth answer for the gateways (proxy ARP for
+// GatewayV4, the address itself for GatewayV6), forward, and receive the pod
+// addresses through PodTable.
+func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name string, addrs []netip.Addr, v4, v6 bool) error {
 	var sysctls [][2]string
 	if v4 {
 		sysctls = append(sysctls,
 			[2]string{"net/ipv4/conf/" + name + "/proxy_arp", "1"},
 			[2]string{"net/ipv4/conf/" + name + "/forwarding", "1"})
-		if noProxyDelay {
-			sysctls = append(sysctls, [2]string{"net/ipv4/neigh/" + name + "/proxy_delay", "0"})
-		}
+		// Proxy ARP answers broadcast requests after a random delay of
+		// up to proxy_delay (0.8 s by default); the gateway is answered by
+		// proxy ARP, so the delay must go.
+		sysctls = append(sysctls, [2]string{"net/ipv4/neigh/" + name + "/proxy_delay", "0"})
 	}
 	if v6 && d.forceForwarding6 {
 		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + name + "/force_forwarding", "1"})
@@ -140,12 +141,6 @@ func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name s
 	if len(sysctls) > 0 {
 		if err := netns.WriteSysctls(d.cfg.NodeNetNS, sysctls...); err != nil {
 			return fmt.Errorf("host veth: %w", err)
-		}
-	}
-	if v4 {
-		gw := &netlink.Addr{IPNet: hostNet(d.cfg.GatewayV4), Scope: unix.RT_SCOPE_LINK}
-		if err := h.AddrAdd(veth, gw); err != nil {
-			return fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV4, err)
 		}
 	}
 	if v6 {

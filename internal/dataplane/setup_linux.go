@@ -121,7 +121,7 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 
 	// 3. Host side (sysctls first, so the veth answers ARP and forwards
 	// before the pod can send anything), then 4. the pod side.
-	if err := d.programHostSide(h, veth, l.HostName, l.Addrs, v4, v6, false); err != nil {
+	if err := d.programHostSide(h, veth, l.HostName, l.Addrs, v4, v6); err != nil {
 		return Applied{}, err
 	}
 
