@@ -53,7 +53,7 @@ demo: deps build
 	$(GO) run ./test/demo -bin $(BIN)
 
 proto:
-	cd api/rpc && protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative skein.proto
+	cd api/rpc && protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative skein.proto vm.proto
 
 clean:
 	rm -rf $(BIN)

@@ -67,6 +67,12 @@ var ErrUnavailable = errors.New("skeind unavailable")
 
 // Call invokes /skein.v1.CNI/<method> on the daemon at socket.
 func Call(ctx context.Context, socket, method string, req Request) (*Reply, error) {
+	return CallService(ctx, socket, "skein.v1.CNI", method, req)
+}
+
+// CallService invokes /<service>/<method> for any of skeind's services that
+// take a CNIRequest and answer a CNIReply (skein.v1.CNI, skein.v1.VM).
+func CallService(ctx context.Context, socket, service, method string, req Request) (*Reply, error) {
 	tr := &http2.Transport{
 		AllowHTTP: true,
 		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
@@ -81,7 +87,7 @@ func Call(ctx context.Context, socket, method string, req Request) (*Reply, erro
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(body)))
 	frame = append(frame, body...)
 
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://skeind/skein.v1.CNI/"+method, bytes.NewReader(frame))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://skeind/"+service+"/"+method, bytes.NewReader(frame))
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,134 @@
+package vm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/vm/handover"
+)
+
+// fdServer hands open tap descriptors to VM launchers (package handover
+// has the protocol). Each request is answered on its own goroutine; the
+// taps are opened for the request and skeind's copies closed once sent,
+// so skeind holds no tap open and a VM that exits frees its tap for the
+// next one.
+type fdServer struct {
+	l    *net.UnixListener
+	open func(containerID, token string) ([]handover.Interface, []*os.File, error)
+	log  *slog.Logger
+	wg   sync.WaitGroup
+}
+
+func listenFD(path string, open func(string, string) ([]handover.Interface, []*os.File, error), log *slog.Logger) (*fdServer, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("VM socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale VM socket: %w", err)
+	}
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod VM socket: %w", err)
+	}
+	s := &fdServer{l: l, open: open, log: log}
+	s.wg.Add(1)
+	go s.serve()
+	return s, nil
+}
+
+func (s *fdServer) close() {
+	s.l.Close()
+	s.wg.Wait()
+}
+
+func (s *fdServer) serve() {
+	defer s.wg.Done()
+	for {
+		c, err := s.l.AcceptUnix()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.log.Error("vm socket: accept", "err", err)
+			}
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer c.Close()
+			s.answer(c)
+		}()
+	}
+}
+
+func (s *fdServer) answer(c *net.UnixConn) {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	peer := peerOf(c)
+	buf := make([]byte, handover.MaxMessage)
+	n, err := c.Read(buf)
+	if err != nil {
+		s.log.Warn("vm socket: read request", "peer", peer, "err", err)
+		return
+	}
+	var req handover.Request
+	var resp handover.Response
+	var files []*os.File
+	if err := json.Unmarshal(buf[:n], &req); err != nil {
+		resp.Error = "malformed request: " + err.Error()
+	} else if ifs, fs, err := s.open(req.ContainerID, req.Token); err != nil {
+		resp.Error = err.Error()
+	} else {
+		resp.Interfaces, files = ifs, fs
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	b, _ := json.Marshal(resp)
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
+		s.log.Warn("vm socket: send response", "peer", peer, "err", err)
+		return
+	}
+	if resp.Error != "" {
+		s.log.Warn("vm socket: refused", "peer", peer, "container", req.ContainerID, "err", resp.Error)
+		return
+	}
+	s.log.Info("vm socket: taps handed over", "peer", peer, "container", req.ContainerID, "taps", len(files))
+}
+
+// peerOf describes the connecting process for the log.
+func peerOf(c *net.UnixConn) string {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return "?"
+	}
+	var cred *unix.Ucred
+	_ = rc.Control(func(fd uintptr) {
+		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if cred == nil {
+		return "?"
+	}
+	return fmt.Sprintf("pid=%d uid=%d", cred.Pid, cred.Uid)
+}

@@ -1,0 +1,123 @@
+package vm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// execVM runs the skein-vm binary itself, as a runtime would for one
+// plugin of a chain: conf is its configuration (prevResult included when
+// set). It returns stdout or the spec error the plugin printed.
+func (e *env) execVM(t *testing.T, verb string, conf map[string]any, id, netnsPath, ifName string) ([]byte, error) {
+	t.Helper()
+	b, err := json.Marshal(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(e.d.BinDir, "skein-vm"))
+	cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + netnsPath, "CNI_IFNAME=" + ifName, "CNI_PATH=" + e.d.BinDir}
+	cmd.Stdin = bytes.NewReader(b)
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		var perr types.Error
+		if jerr := json.Unmarshal(out.Bytes(), &perr); jerr == nil && perr.Code != 0 {
+			return nil, &perr
+		}
+		return nil, fmt.Errorf("skein-vm %s: %v: %s%s", verb, err, out.String(), stderr.String())
+	}
+	return out.Bytes(), nil
+}
+
+// vmConf is skein-vm's configuration for one call.
+func (e *env) vmConf(name, version string, prev any) map[string]any {
+	c := map[string]any{"cniVersion": version, "name": name, "type": "skein-vm", "socket": e.d.Socket}
+	if prev != nil {
+		c["prevResult"] = prev
+	}
+	return c
+}
+
+func wantCode(t *testing.T, what string, err error, code uint) {
+	t.Helper()
+	if got := skeintest.ErrCode(err); err == nil || got != code {
+		t.Errorf("%s: want spec error code %d, got %v", what, code, err)
+	}
+}
+
+// podOnly attaches a pod through skein alone and returns it with the
+// result the skein-vm plugin would receive as prevResult.
+func (e *env) podOnly(t *testing.T, name, id string) (*harness.NS, *types100.Result) {
+	t.Helper()
+	ns := harness.NewNS(t, "pod")
+	l := skeintest.ConfList(t, name, "1.0.0", e.d.SkeinPlugin(skeintest.Plugin{"dns": testDNS, "mtu": podMTU}))
+	rt := skeintest.RT(id, ns.Path(), "eth0")
+	res, err := e.add(l, rt)
+	if err != nil {
+		t.Fatalf("ADD through skein: %v", err)
+	}
+	t.Cleanup(func() { _ = e.del(l, rt) })
+	return ns, res
+}
+
+// TestDelRestoresPod: after skein-vm's DEL the pod's namespace is exactly
+// what the main plugin made (links, addresses, routes in every table,
+// rules), and a second DEL changes nothing.
+func TestDelRestoresPod(t *testing.T) {
+	e := newEnv(t)
+	ns, prev := e.podOnly(t, "vm-del", "delpod")
+	before := harness.Snapshot(t, ns)
+	conf := e.vmConf("vm-del", "1.0.0", prev)
+	if _, err := e.execVM(t, "ADD", conf, "delpod", ns.Path(), "eth0"); err != nil {
+		t.Fatalf("skein-vm ADD: %v", err)
+	}
+	during := harness.Snapshot(t, ns)
+	if strings.Join(during.Links, "\n") == strings.Join(before.Links, "\n") {
+		t.Fatal("ADD should have added a bridge and a tap to the pod")
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := e.execVM(t, "DEL", conf, "delpod", ns.Path(), "eth0"); err != nil {
+			t.Fatalf("skein-vm DEL #%d: the spec expects success, got %v", i+1, err)
+		}
+		harness.AssertSame(t, before, harness.Snapshot(t, ns))
+	}
+	// The main plugin's own CHECK passes again on the restored pod.
+	l := skeintest.ConfList(t, "vm-del", "1.0.0", e.d.SkeinPlugin(skeintest.Plugin{"dns": testDNS, "mtu": podMTU}))
+	c, cancel := callCtx()
+	defer cancel()
+	if err := e.cni.CheckNetworkList(c, l, skeintest.RT("delpod", ns.Path(), "eth0")); err != nil {
+		t.Errorf("skein's CHECK after skein-vm's DEL: %v", err)
+	}
+}
+
+// TestDelWithoutNetns: DEL succeeds when the pod's namespace is gone, and
+// for a container skein-vm never saw.
+func TestDelWithoutNetns(t *testing.T) {
+	e := newEnv(t)
+	l := e.skeinChain(t, "vm-gone", "1.1.0", nil)
+	p := e.mustAddVM(t, l, "gone")
+	if err := netns.Remove(p.ns.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.del(l, p.rt); err != nil {
+		t.Errorf("DEL after the namespace vanished: the spec expects success, got %v", err)
+	}
+	if _, err := e.execVM(t, "DEL", e.vmConf("vm-gone", "1.1.0", nil), "never-seen", "", "eth0"); err != nil {
+		t.Errorf("DEL of an unknown container: the spec expects success, got %v", err)
+	}
+	if atts := e.d.Attachments(t); len(atts) != 0 {
+		t.Errorf("skeind still holds %d attachments", len(atts))
+	}
+}
