@@ -93,13 +93,20 @@ func CallService(ctx context.Context, socket, service, method string, req Reques
 	}
 	hreq.Header.Set("Content-Type", "application/grpc")
 	hreq.Header.Set("TE", "trailers")
-	if dl, ok := ctx.Deadline(); ok {
+	dl, hasDeadline := ctx.Deadline()
+	if hasDeadline {
 		hreq.Header.Set("Grpc-Timeout", timeoutHeader(dl))
+	}
+	// A server that enforces our grpc-timeout resets the stream (CANCEL)
+	// when it runs out, which may beat our own context by a hair.
+	expired := func(err error) bool {
+		var se http2.StreamError
+		return ctx.Err() != nil || hasDeadline && errors.As(err, &se) && se.Code == http2.ErrCodeCancel
 	}
 	resp, err := tr.RoundTrip(hreq)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, &StatusError{Code: CodeDeadlineExceeded, Message: ctx.Err().Error()}
+		if expired(err) {
+			return nil, &StatusError{Code: CodeDeadlineExceeded, Message: "deadline exceeded: " + err.Error()}
 		}
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
@@ -109,6 +116,9 @@ func CallService(ctx context.Context, socket, service, method string, req Reques
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
+		if expired(err) {
+			return nil, &StatusError{Code: CodeDeadlineExceeded, Message: "deadline exceeded: " + err.Error()}
+		}
 		return nil, &StatusError{Code: CodeUnavailable, Message: "read reply: " + err.Error()}
 	}
 	// Status travels in the trailers, or in the headers of a
