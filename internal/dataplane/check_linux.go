@@ -96,6 +96,13 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	if ctr.Attrs().Flags&net.FlagUp == 0 {
 		miss("%s is down", l.IfName)
 	}
+	// A plugin chained after skein may make the interface a bridge port
+	// and hand its addresses on (skein-vm gives them to a VM behind the
+	// bridge): a port carries no L3 configuration of its own, so there is
+	// nothing more to check on the pod side.
+	if ctr.Attrs().MasterIndex != 0 {
+		return done()
+	}
 	ctrAddrs, err := pod.AddrList(ctr, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list pod addresses: %w", err)

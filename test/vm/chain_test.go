@@ -139,3 +139,28 @@ func TestDelRestoresBridgePod(t *testing.T) {
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, pod))
 }
+
+// TestWholeChainCheck: CHECK of the whole [skein, skein-vm] list passes
+// (skein accepts that its interface became a bridge port whose addresses
+// belong to the VM), and fails once the tap is gone.
+func TestWholeChainCheck(t *testing.T) {
+	e := newEnv(t)
+	l := e.skeinChain(t, "vm-check", "1.1.0", nil)
+	p := e.mustAddVM(t, l, "chk")
+	c, cancel := callCtx()
+	defer cancel()
+	if err := e.cni.CheckNetworkList(c, l, p.rt); err != nil {
+		t.Fatalf("CHECK of the whole chain after ADD: the spec expects success, got %v", err)
+	}
+	h := p.ns.Handle(t)
+	tap, err := h.LinkByName(p.tap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkDel(tap); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cni.CheckNetworkList(c, l, p.rt); err == nil {
+		t.Fatal("CHECK of the whole chain after the tap was deleted: want an error, got success")
+	}
+}
