@@ -20,6 +20,11 @@ post() {
   local pkg
   pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
   if [ -z "$pkg" ]; then
+    # No package lists yet (nothing else needed installing): fetch them.
+    apt-get update -qq
+    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  fi
+  if [ -z "$pkg" ]; then
     echo "install-deps: vm: cannot resolve linux-image-amd64 (apt-get update?)" >&2
     return 1
   fi
