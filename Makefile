@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps test unit demo vet fmt clean proto conformance bench bench-quick
+.PHONY: all build deps test unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -42,6 +42,15 @@ conformance: deps build
 # this machine: report.md, results.json and charts in $(BENCH_OUT). Root.
 bench: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT)
+	$(MAKE) bench-frontdoors
+
+# The other front doors, each against its incumbent in one run: `docker run`
+# on a skein network vs Docker's bridge driver, and a VM's DHCP lease from
+# skeind vs dnsmasq (udhcpc, 100 leases). Results in $(BENCH_OUT)/*.txt.
+bench-frontdoors: deps build
+	mkdir -p $(BENCH_OUT)
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench DockerRun -benchtime 30x ./test/docker/ | tee $(BENCH_OUT)/docker.txt
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench DHCPLease -benchtime 100x ./test/vm/ | tee $(BENCH_OUT)/dhcp.txt
 
 # The same in under two minutes: fewer operations, nodes of 10 and 1,000.
 bench-quick: deps build
