@@ -158,3 +158,45 @@ func TestUnavailableAndDeadline(t *testing.T) {
 		t.Errorf("message %q does not say deadline", err)
 	}
 }
+
+// TestMisbehavingServer: a peer that is not a gRPC server, or that hangs up,
+// gives an error promptly, never a hang or a panic.
+func TestMisbehavingServer(t *testing.T) {
+	cases := map[string]func(c net.Conn){
+		"hangs up":        func(c net.Conn) { c.Close() },
+		"garbage":         func(c net.Conn) { c.Write(bytes.Repeat([]byte{0xff}, 64)); c.Close() },
+		"huge frame":      func(c net.Conn) { c.Write([]byte{0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1}); c.Close() },
+		"bad padding":     func(c net.Conn) { c.Write([]byte{0, 0, 1, 1, 0x8 | 0x4, 0, 0, 0, 1, 9}); c.Close() },
+		"http 503":        func(c net.Conn) { c.Write(append([]byte{0, 0, 1, 1, 0x4, 0, 0, 0, 1}, 0x8d)) }, // :status 503 (static index 13)
+		"reset by server": func(c net.Conn) { c.Write([]byte{0, 0, 4, 3, 0, 0, 0, 0, 1, 0, 0, 0, 2}); c.Close() },
+	}
+	for name, behave := range cases {
+		t.Run(name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "s.sock")
+			l, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				buf := make([]byte, 4096)
+				c.Read(buf) // the preface and the request
+				behave(c)
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, err = Call(ctx, sock, "Add", Request{ContainerID: "x"})
+			if err == nil {
+				t.Fatal("Call succeeded against a misbehaving server")
+			}
+			if time.Since(start) > 2*time.Second {
+				t.Errorf("took %v to fail: %v", time.Since(start), err)
+			}
+		})
+	}
+}
