@@ -1,0 +1,177 @@
+// Package cniplugin is the whole of skein's CNI plugin binaries (skein and
+// skein-vm): parse the runtime's request with skel, forward it in one timed
+// gRPC call to one of skeind's services, print skeind's answer or a spec
+// error carrying the configuration's cniVersion. It stays small and links
+// nothing heavy (see internal/cniclient and the binaries' imports tests):
+// the binaries are exec'd for every ADD and DEL.
+package cniplugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/skeinnet/skein/internal/cniclient"
+)
+
+// DefaultSocket is where skeind listens unless the network config's
+// "socket" or $SKEIN_SOCKET says otherwise.
+const DefaultSocket = "/run/skein/skeind.sock"
+
+// CallTimeout bounds one request; a runtime's own timeout is usually longer.
+const CallTimeout = 60 * time.Second
+
+// Plugin describes one plugin binary.
+type Plugin struct {
+	// Service is skeind's gRPC service, e.g. "skein.v1.CNI".
+	Service string
+	// About is the line printed without CNI_COMMAND, e.g. "skein CNI plugin v1".
+	About string
+	// Unimplemented is the message when skeind lacks Service ("" = a
+	// generic one).
+	Unimplemented string
+}
+
+// Main runs the plugin and exits.
+func Main(p Plugin) {
+	confVersion := peekVersion()
+	if e := skel.PluginMainFuncsWithError(skel.CNIFuncs{
+		Add:    p.call("ADD"),
+		Del:    p.call("DEL"),
+		Check:  p.call("CHECK"),
+		GC:     p.call("GC"),
+		Status: p.call("STATUS"),
+	}, version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), p.About); e != nil {
+		printError(confVersion, e)
+		os.Exit(1)
+	}
+}
+
+// peekVersion reads the configuration on stdin ahead of skel so that an
+// error can carry its cniVersion, as the spec's error format asks (skel's
+// own printer leaves it out); skel then reads the same bytes from a pipe.
+// Without CNI_COMMAND skel prints its "about" line and reads nothing.
+func peekVersion() string {
+	if os.Getenv("CNI_COMMAND") == "" {
+		return ""
+	}
+	data, err := io.ReadAll(os.Stdin)
+	r, w, perr := os.Pipe()
+	if perr != nil {
+		return ""
+	}
+	go func() {
+		_, _ = w.Write(data)
+		w.Close()
+	}()
+	os.Stdin = r
+	if err != nil {
+		return ""
+	}
+	var c struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	_ = json.Unmarshal(data, &c)
+	return c.CNIVersion
+}
+
+// printError writes the spec's error object to stdout. When the
+// configuration gave no version (it could not be decoded) the newest one
+// skein speaks is named.
+func printError(confVersion string, e *types.Error) {
+	if confVersion == "" {
+		confVersion = "1.1.0"
+	}
+	out, _ := json.MarshalIndent(struct {
+		CNIVersion string `json:"cniVersion"`
+		Code       uint   `json:"code"`
+		Msg        string `json:"msg"`
+		Details    string `json:"details,omitempty"`
+	}{confVersion, e.Code, e.Msg, e.Details}, "", "    ")
+	_, _ = os.Stdout.Write(append(out, '\n'))
+}
+
+// SocketPath picks skeind's socket for a request.
+func SocketPath(stdin []byte) string {
+	var c struct {
+		Socket string `json:"socket"`
+	}
+	_ = json.Unmarshal(stdin, &c) // skel already rejected undecodable input
+	if c.Socket != "" {
+		return c.Socket
+	}
+	if s := os.Getenv("SKEIN_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// methods maps CNI verbs onto the services' methods.
+var methods = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "GC": "GC", "STATUS": "Status"}
+
+func (p Plugin) call(verb string) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		sock := SocketPath(args.StdinData)
+		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+		defer cancel()
+		reply, err := cniclient.CallService(ctx, sock, p.Service, methods[verb], cniclient.Request{
+			ContainerID: args.ContainerID,
+			NetNS:       args.Netns,
+			IfName:      args.IfName,
+			Args:        args.Args,
+			Path:        args.Path,
+			NetConf:     args.StdinData,
+		})
+		if err != nil {
+			return p.rpcError(verb, sock, err)
+		}
+		if e := reply.Error; e != nil {
+			return types.NewError(uint(e.Code), e.Msg, e.Details)
+		}
+		if len(reply.Result) > 0 {
+			if _, err := os.Stdout.Write(reply.Result); err != nil {
+				return types.NewError(types.ErrIOFailure, "write result: "+err.Error(), "")
+			}
+		}
+		return nil
+	}
+}
+
+// codeUnimplemented is gRPC's status for a service the server lacks.
+const codeUnimplemented = 12
+
+func (p Plugin) rpcError(verb, sock string, err error) error {
+	var se *cniclient.StatusError
+	switch {
+	case errors.Is(err, cniclient.ErrUnavailable),
+		errors.As(err, &se) && se.Code == cniclient.CodeUnavailable:
+		return unreachable(verb, sock, err)
+	case errors.As(err, &se) && se.Code == codeUnimplemented:
+		msg := p.Unimplemented
+		if msg == "" {
+			msg = "skeind at " + sock + " does not serve " + p.Service
+		}
+		return types.NewError(types.ErrPluginNotAvailable, msg, err.Error())
+	case errors.As(err, &se) && se.Code == cniclient.CodeDeadlineExceeded:
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, CallTimeout), "")
+	}
+	return types.NewError(types.ErrInternal, fmt.Sprintf("skeind failed %s: %v", verb, err), "")
+}
+
+// unreachable: STATUS reports the plugin unavailable (50); other verbs ask
+// the runtime to retry (11), so nothing is forgotten while skeind restarts.
+func unreachable(verb, sock string, err error) error {
+	code := uint(types.ErrTryAgainLater)
+	if verb == "STATUS" {
+		code = types.ErrPluginNotAvailable
+	}
+	return types.NewError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
+}

@@ -1,0 +1,46 @@
+package cniplugin
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/skeinnet/skein/internal/cniclient"
+)
+
+func TestSocketPath(t *testing.T) {
+	t.Setenv("SKEIN_SOCKET", "")
+	if got := SocketPath([]byte(`{"name":"n"}`)); got != DefaultSocket {
+		t.Errorf("no socket anywhere: %q, want %q", got, DefaultSocket)
+	}
+	t.Setenv("SKEIN_SOCKET", "/env.sock")
+	if got := SocketPath([]byte(`{"name":"n"}`)); got != "/env.sock" {
+		t.Errorf("$SKEIN_SOCKET: %q", got)
+	}
+	if got := SocketPath([]byte(`{"name":"n","socket":"/conf.sock"}`)); got != "/conf.sock" {
+		t.Errorf("netconf socket should win over the environment: %q", got)
+	}
+}
+
+func TestRPCErrorCodes(t *testing.T) {
+	p := Plugin{Service: "skein.v1.VM", Unimplemented: "no VMs here"}
+	cases := []struct {
+		verb string
+		err  error
+		code uint
+	}{
+		{"ADD", errors.Join(cniclient.ErrUnavailable), types.ErrTryAgainLater},
+		{"STATUS", errors.Join(cniclient.ErrUnavailable), types.ErrPluginNotAvailable},
+		{"DEL", &cniclient.StatusError{Code: cniclient.CodeUnavailable}, types.ErrTryAgainLater},
+		{"ADD", &cniclient.StatusError{Code: cniclient.CodeDeadlineExceeded}, types.ErrTryAgainLater},
+		{"ADD", &cniclient.StatusError{Code: codeUnimplemented}, types.ErrPluginNotAvailable},
+		{"ADD", &cniclient.StatusError{Code: 13, Message: "boom"}, types.ErrInternal},
+	}
+	for _, c := range cases {
+		e := p.rpcError(c.verb, "/s.sock", c.err).(*types.Error)
+		if e.Code != c.code || e.Msg == "" {
+			t.Errorf("%s %v: code %d %q, want %d", c.verb, c.err, e.Code, e.Msg, c.code)
+		}
+	}
+}
