@@ -53,6 +53,7 @@ func (e *StatusError) Error() string { return fmt.Sprintf("rpc error %d: %s", e.
 
 // gRPC status codes the caller branches on.
 const (
+	CodeCanceled         = 1
 	CodeDeadlineExceeded = 4
 	CodeUnavailable      = 14
 )

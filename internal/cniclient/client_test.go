@@ -200,3 +200,32 @@ func TestMisbehavingServer(t *testing.T) {
 		})
 	}
 }
+
+// TestGracefulStopMidCall: a server that stops gracefully while our call is
+// in flight (skeind on SIGTERM) announces GOAWAY first and still answers;
+// the call must succeed rather than report a failure for work that is done.
+func TestGracefulStopMidCall(t *testing.T) {
+	f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: &rpc.CNIReply{Result: []byte("done")}, delay: 300 * time.Millisecond}
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	rpc.RegisterCNIServer(s, f)
+	go s.Serve(l)
+	go func() {
+		<-f.got
+		time.Sleep(50 * time.Millisecond)
+		s.GracefulStop()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rep, err := Call(ctx, sock, "Add", Request{ContainerID: "g"})
+	if err != nil {
+		t.Fatalf("call during a graceful stop: %v, want the server's answer", err)
+	}
+	if string(rep.Result) != "done" {
+		t.Errorf("result %q", rep.Result)
+	}
+}

@@ -47,6 +47,7 @@ const (
 	defaultWindow   = 65535 // §6.9.2
 	defaultMaxFrame = 16384 // §6.5.2
 	maxReplyBytes   = 16 << 20
+	maxHeaderBlock  = 64 << 10
 
 	errCodeCancel = 0x8
 )
@@ -78,12 +79,13 @@ func unary(ctx context.Context, socket, path string, body []byte, timeout string
 	defer stop()
 
 	c := &h2conn{conn: conn, r: bufio.NewReader(conn), w: bufio.NewWriter(conn),
-		sendWin: defaultWindow, streamWin: defaultWindow, maxFrame: defaultMaxFrame}
+		sendWin: defaultWindow, streamWin: defaultWindow, peerInitWin: defaultWindow, maxFrame: defaultMaxFrame}
 	c.dec = hpack.NewDecoder(4096, nil)
 
 	// Preface, our (empty) SETTINGS, the request HEADERS.
 	c.w.WriteString(clientPreface)
-	c.writeFrame(frameSettings, 0, 0, nil)
+	// SETTINGS_ENABLE_PUSH = 0: no server push (§8.4).
+	c.writeFrame(frameSettings, 0, 0, []byte{0, 0x2, 0, 0, 0, 0})
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{
@@ -119,6 +121,7 @@ type h2conn struct {
 	pending             []byte // request bytes not yet sent
 	sent                bool   // END_STREAM sent
 	sendWin, streamWin  int64  // peer's connection and stream windows
+	peerInitWin         int64  // peer's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame            int
 	headerBlock         []byte
 	headerEndsStream    bool
@@ -132,6 +135,9 @@ type h2conn struct {
 var errCanceledByPeer = errors.New("stream reset by peer: CANCEL")
 
 func (c *h2conn) fail(ctx context.Context, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return &StatusError{Code: CodeCanceled, Message: "canceled: " + err.Error()}
+	}
 	if ctx.Err() != nil || errors.Is(err, errCanceledByPeer) {
 		return &StatusError{Code: CodeDeadlineExceeded, Message: "deadline exceeded: " + err.Error()}
 	}
@@ -223,9 +229,16 @@ func (c *h2conn) handle(typ, flags byte, stream uint32, p []byte) (done bool, er
 		for ; len(p) >= 6; p = p[6:] {
 			id, v := binary.BigEndian.Uint16(p), binary.BigEndian.Uint32(p[2:])
 			switch id {
-			case settingInitialWindowSize: // §6.9.2: adjusts open streams
-				c.streamWin += int64(v) - defaultWindow
-			case settingMaxFrameSize:
+			case settingInitialWindowSize: // §6.9.2: the change since the last value
+				if v > 1<<31-1 {
+					return false, errors.New("protocol error: SETTINGS_INITIAL_WINDOW_SIZE too large")
+				}
+				c.streamWin += int64(v) - c.peerInitWin
+				c.peerInitWin = int64(v)
+			case settingMaxFrameSize: // §6.5.2
+				if v < defaultMaxFrame || v > 1<<24-1 {
+					return false, errors.New("protocol error: SETTINGS_MAX_FRAME_SIZE out of range")
+				}
 				c.maxFrame = int(v)
 			}
 		}
@@ -247,8 +260,13 @@ func (c *h2conn) handle(typ, flags byte, stream uint32, p []byte) (done bool, er
 		}
 		return false, c.sendData()
 	case frameGoAway:
-		if stream == 0 && c.reply.httpSt == "" {
-			return false, errors.New("server sent GOAWAY")
+		// A graceful shutdown announces itself with a GOAWAY whose last
+		// stream ID covers ours: stream 1 is still served (§6.8).
+		if len(p) < 8 {
+			return false, errors.New("protocol error: short GOAWAY")
+		}
+		if binary.BigEndian.Uint32(p)&0x7fffffff < 1 {
+			return false, errors.New("server sent GOAWAY before serving the call")
 		}
 	case frameRSTStream:
 		if stream == 1 {
@@ -280,7 +298,7 @@ func (c *h2conn) handle(typ, flags byte, stream uint32, p []byte) (done bool, er
 		return flags&flagEndStream != 0, nil
 	case frameHeaders:
 		if stream != 1 {
-			return false, nil
+			return false, errors.New("protocol error: HEADERS on a stream we did not open")
 		}
 		frag, err := unpad(flags, p)
 		if err != nil {
@@ -292,6 +310,9 @@ func (c *h2conn) handle(typ, flags byte, stream uint32, p []byte) (done bool, er
 			}
 			frag = frag[5:]
 		}
+		if len(frag) > maxHeaderBlock {
+			return false, errors.New("header block too large")
+		}
 		c.headerBlock = append(c.headerBlock[:0], frag...)
 		c.headerEndsStream = flags&flagEndStream != 0
 		c.inHeaders = flags&flagEndHeaders == 0
@@ -302,6 +323,9 @@ func (c *h2conn) handle(typ, flags byte, stream uint32, p []byte) (done bool, er
 	case frameContinuation:
 		if !c.inHeaders || stream != 1 {
 			return false, errors.New("protocol error: unexpected CONTINUATION")
+		}
+		if len(c.headerBlock)+len(p) > maxHeaderBlock {
+			return false, errors.New("header block too large")
 		}
 		c.headerBlock = append(c.headerBlock, p...)
 		c.inHeaders = flags&flagEndHeaders == 0
@@ -348,8 +372,11 @@ func unpad(flags byte, p []byte) ([]byte, error) {
 
 func timeoutHeader(deadline time.Time) string {
 	ms := time.Until(deadline).Milliseconds()
-	if ms < 1 {
+	switch {
+	case ms < 1:
 		ms = 1
+	case ms > 99999999: // at most 8 digits
+		return strconv.FormatInt(min(ms/1000, 99999999), 10) + "S"
 	}
 	return strconv.FormatInt(ms, 10) + "m"
 }

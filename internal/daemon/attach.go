@@ -83,8 +83,11 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 		return a, ap, err
 	}
 	bg := context.WithoutCancel(ctx)
+	undoFailed := false
 	defer func() {
-		if err != nil {
+		// If undoing failed, a link or a record may still claim the
+		// addresses: leaking them is better than handing them out twice.
+		if err != nil && !undoFailed {
 			d.ipam.Release(bg, r.Pool, addrs)
 		}
 	}()
@@ -121,12 +124,14 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 		d.metrics.attachments.Inc()
 		return a, ap, nil
 	case setupErr == nil:
-		if terr := d.dp.Teardown(a.HostLink, r.NetNS, r.Key.IfName, addrs); terr != nil {
-			d.log.Error("undo setup after store failure", "key", r.Key, "err", terr)
+		if terr := d.dp.Teardown(a.HostLink, "", "", addrs); terr != nil {
+			undoFailed = true
+			d.log.Error("undo setup after store failure; its addresses stay held", "key", r.Key, "err", terr)
 		}
 	case storeErr == nil:
 		if derr := d.st.DeleteAttachment(bg, r.Key); derr != nil {
-			d.log.Error("undo record after setup failure", "key", r.Key, "err", derr)
+			undoFailed = true
+			d.log.Error("undo record after setup failure; its addresses stay held", "key", r.Key, "err", derr)
 		}
 	}
 	if storeErr != nil {
@@ -156,14 +161,16 @@ func (d *Daemon) detachLocked(ctx context.Context, k store.AttachmentKey, netnsH
 		return false, err
 	}
 	found := err == nil
-	host, nsPath := HostLinkName(k), netnsHint
-	if found {
+	// The host link's name derives from the key, so it is all Teardown
+	// needs. (Its fallback of finding the host end from the pod's ifname
+	// must not be used: without a record, the pod's interface of that name
+	// may belong to another network's attachment.)
+	_ = netnsHint
+	host := HostLinkName(k)
+	if found && a.HostLink != "" {
 		host = a.HostLink
-		if nsPath == "" {
-			nsPath = a.NetNS
-		}
 	}
-	if err := d.dp.Teardown(host, nsPath, k.IfName, a.Addrs); err != nil {
+	if err := d.dp.Teardown(host, "", "", a.Addrs); err != nil {
 		return found, fmt.Errorf("tear down %s: %w", k, err)
 	}
 	if !found {

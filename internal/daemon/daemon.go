@@ -275,7 +275,15 @@ func (d *Daemon) Close() error {
 	}
 	d.closed = true
 	if d.grpc != nil {
-		d.grpc.GracefulStop()
+		// Let calls in flight finish, but not forever.
+		stopped := make(chan struct{})
+		go func() { d.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			d.log.Warn("calls still running after 10s; stopping anyway")
+			d.grpc.Stop()
+		}
 	}
 	for i := len(d.onStop) - 1; i >= 0; i-- {
 		d.onStop[i]()

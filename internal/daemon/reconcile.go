@@ -51,11 +51,14 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			released++
 			continue
 		}
+		// The record claims its link whatever becomes of its addresses:
+		// a live pod must not lose its interface because, say, the node
+		// was renamed and its blocks cannot be claimed.
+		claimed[a.HostLink] = true
 		if err := d.ipam.Restore(ctx, a.Pool, a.Addrs); err != nil {
 			d.log.Error("reconcile: cannot restore addresses", "key", a.AttachmentKey, "addrs", a.Addrs, "err", err)
 			continue
 		}
-		claimed[a.HostLink] = true
 		restored++
 		if untagged[a.HostLink] {
 			if err := d.dp.Retag(a.HostLink, d.aliasFor(a.AttachmentKey)); err != nil {

@@ -512,6 +512,7 @@ func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) 
 	}
 	ps.mu.Lock()
 	defer m.unlock(ps)
+	var dup []netip.Addr
 	for _, a := range addrs {
 		a = a.Unmap()
 		bi, off, ok := ps.geo.Locate(a)
@@ -530,7 +531,9 @@ func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) 
 		if a.Is6() {
 			bm = b.v6
 		}
-		bm.set(off)
+		if !bm.set(off) && !ps.geo.Reserved(a) {
+			dup = append(dup, a)
+		}
 		// Start the search after the highest restored offset so freshly
 		// freed addresses are not the first handed out after a restart.
 		// The cursor is not wrapped here (next wraps it): wrapping would
@@ -538,6 +541,9 @@ func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) 
 		if off+1 > bm.cursor {
 			bm.cursor = off + 1
 		}
+	}
+	if len(dup) > 0 {
+		return fmt.Errorf("%w: %v restored twice (two records hold it)", ErrInUse, dup)
 	}
 	return nil
 }

@@ -266,6 +266,11 @@ func (s *Bolt) PutAttachment(ctx context.Context, a Attachment) error {
 		if b.Get(key) != nil {
 			return fmt.Errorf("attachment %s: %w", a.AttachmentKey, ErrExists)
 		}
+		// A pool deleted between allocation and this write must not
+		// gain a holder it will never see.
+		if a.Pool != "" && tx.Bucket(bucketPools).Get([]byte(a.Pool)) == nil {
+			return fmt.Errorf("pool %q of attachment %s: %w", a.Pool, a.AttachmentKey, ErrNotFound)
+		}
 		return b.Put(key, v)
 	})
 }

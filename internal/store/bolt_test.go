@@ -268,9 +268,23 @@ func TestReleaseBlock(t *testing.T) {
 	}
 }
 
+// withPool creates pool "p", which testAttachment's records name.
+func withPool(t *testing.T, s *Bolt) *Bolt {
+	t.Helper()
+	if err := s.CreatePool(context.Background(), testPool("p", "10.0.0.0/24", "fd00::/120"), nil); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestAttachments(t *testing.T) {
 	ctx := context.Background()
 	s, _ := openTest(t)
+	orphan := testAttachment("net", "c0", "10.0.0.9")
+	if err := s.PutAttachment(ctx, orphan); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Put for a pool that does not exist: %v, want ErrNotFound", err)
+	}
+	withPool(t, s)
 	a := testAttachment("net", "c1", "10.0.0.2", "fd00::2")
 	if err := s.PutAttachment(ctx, a); err != nil {
 		t.Fatal(err)
@@ -435,6 +449,7 @@ func TestReopen(t *testing.T) {
 func TestConcurrentPutAttachment(t *testing.T) {
 	ctx := context.Background()
 	s, _ := openTest(t)
+	withPool(t, s)
 	const workers, each = 32, 20
 	var wg sync.WaitGroup
 	errs := make(chan error, workers*each)

@@ -101,3 +101,27 @@ func TestDelEdgeCases(t *testing.T) {
 		e.assertNothingLeft(t)
 	})
 }
+
+// TestDelOfFailedAddLeavesOtherNetworkAlone: an ADD on network B that fails
+// because the pod's eth0 already belongs to network A, then the runtime's
+// DEL for network B: A's interface, record and addresses must survive.
+func TestDelOfFailedAddLeavesOtherNetworkAlone(t *testing.T) {
+	e := newEnv(t, skeintest.Options{})
+	la := e.list(t, "neta", "1.1.0", nil)
+	lb := e.list(t, "netb", "1.1.0", nil)
+	pod := harness.NewNS(t, "pod")
+	peer := e.mustAdd(t, la, harness.NewNS(t, "peer"), "peer")
+	a := e.mustAdd(t, la, pod, "shared")
+	rt := skeintest.RT("shared", pod.Path(), "eth0")
+	_, err := e.add(t, lb, rt)
+	wantCode(t, "ADD on network B when eth0 belongs to network A", err, 4)
+	if err := e.del(t, lb, rt); err != nil {
+		t.Fatalf("DEL on network B: the spec expects success, got %v", err)
+	}
+	mustReach(t, a.ns, "network A's peer after network B's DEL", peer.addr(false), peer.addr(true))
+	if err := e.check(t, la, a.rt); err != nil {
+		t.Errorf("CHECK of network A after network B's DEL: %v", err)
+	}
+	e.mustDel(t, la, a.rt)
+	e.mustDel(t, la, peer.rt)
+}
