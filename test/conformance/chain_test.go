@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +106,7 @@ func fetch(ns *harness.NS, addr string) (string, error) {
 // the chain's final result as its prevResult.
 func TestChainReferencePlugins(t *testing.T) {
 	tool(t, "iptables") // portmap programs iptables
+	loadIFBWithoutDevices(t)
 	e := newEnv(t)
 	portmap := skeintest.Plugin{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}}
 	bandwidth := skeintest.Plugin{"type": "bandwidth", "ingressRate": 8_000_000, "ingressBurst": 80_000, "egressRate": 8_000_000, "egressBurst": 80_000}
@@ -273,4 +275,18 @@ func sysctl(t *testing.T, ns *harness.NS, path string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// loadIFBWithoutDevices loads the ifb module before the bandwidth plugin
+// makes the kernel auto-load it: loaded that way it creates ifb0 and ifb1
+// in the host's namespace, and the tests must leave the host's network as
+// they found it. With numifbs=0 it creates none.
+func loadIFBWithoutDevices(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/sys/module/ifb"); err == nil {
+		return
+	}
+	if out, err := exec.Command("modprobe", "ifb", "numifbs=0").CombinedOutput(); err != nil {
+		t.Logf("modprobe ifb numifbs=0: %v: %s (the kernel may create ifb0/ifb1 on the host)", err, out)
+	}
 }
