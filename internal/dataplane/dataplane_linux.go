@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -120,7 +121,10 @@ type Dataplane struct {
 	h      *netlink.Handle // socket in cfg.NodeNetNS, for the rare whole-node operations
 	closeH func()
 	pool   handlePool // sockets for attachment operations, one per caller at a time
-	mtu    int        // resolved default MTU
+
+	exportMu sync.Mutex
+	exported map[netip.Prefix]bool // what SetExportedBlocks last left; nil: read the table
+	mtu      int                   // resolved default MTU
 
 	// forceForwarding6: the kernel has the per-device IPv6 force_forwarding
 	// switch (Linux 6.17+). /proc/sys/net/ipv6/conf/all exists in every

@@ -93,6 +93,12 @@ func (d *Dataplane) rule(family int) *netlink.Rule {
 // deleted. Routes in ExportTable with other protocols and all other tables
 // are left alone. Blocks must be canonical prefixes (address bits beyond the
 // length zero); duplicates are ignored. Safe to repeat.
+//
+// The first call reads the table (a route dump, which on a node with
+// thousands of attachments means parsing every route of every table: the
+// kernel does not filter dumps by table for us); later calls apply the
+// difference from what the last call left, which is one route per block a
+// node claims.
 func (d *Dataplane) SetExportedBlocks(blocks []netip.Prefix) (retErr error) {
 	defer wrap(&retErr, "export blocks", "")
 	want := map[netip.Prefix]bool{}
@@ -102,6 +108,16 @@ func (d *Dataplane) SetExportedBlocks(blocks []netip.Prefix) (retErr error) {
 		}
 		want[b] = true
 	}
+	d.exportMu.Lock()
+	defer d.exportMu.Unlock()
+	if d.exported != nil {
+		return d.exportDiff(want)
+	}
+	defer func() {
+		if retErr == nil {
+			d.exported = want
+		}
+	}()
 	routes, err := retryDump(func() ([]netlink.Route, error) {
 		return d.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: d.cfg.ExportTable}, netlink.RT_FILTER_TABLE)
 	})
@@ -125,13 +141,7 @@ func (d *Dataplane) SetExportedBlocks(blocks []netip.Prefix) (retErr error) {
 		if have[b] {
 			continue
 		}
-		r := &netlink.Route{
-			Dst:      &net.IPNet{IP: b.Addr().AsSlice(), Mask: net.CIDRMask(b.Bits(), b.Addr().BitLen())},
-			Table:    d.cfg.ExportTable,
-			Protocol: netlink.RouteProtocol(d.cfg.ExportProto),
-			Type:     unix.RTN_BLACKHOLE,
-		}
-		if err := d.h.RouteReplace(r); err != nil {
+		if err := d.h.RouteReplace(exportRoute(d.cfg, b)); err != nil {
 			return fmt.Errorf("export %s: %w", b, err)
 		}
 	}
@@ -145,4 +155,38 @@ func (d *Dataplane) SetExportedBlocks(blocks []netip.Prefix) (retErr error) {
 		}
 	}
 	return nil
+}
+
+// exportDiff adds the blocks in want that the last call did not leave in
+// ExportTable, then withdraws the ones it no longer wants.
+func (d *Dataplane) exportDiff(want map[netip.Prefix]bool) error {
+	for b := range want {
+		if d.exported[b] {
+			continue
+		}
+		if err := d.h.RouteReplace(exportRoute(d.cfg, b)); err != nil {
+			d.exported = nil // unsure now: the next call reads the table
+			return fmt.Errorf("export %s: %w", b, err)
+		}
+	}
+	for b := range d.exported {
+		if want[b] {
+			continue
+		}
+		if err := d.h.RouteDel(exportRoute(d.cfg, b)); err != nil && !errors.Is(err, unix.ESRCH) {
+			d.exported = nil
+			return fmt.Errorf("withdraw %s: %w", b, err)
+		}
+	}
+	d.exported = want
+	return nil
+}
+
+func exportRoute(c Config, b netip.Prefix) *netlink.Route {
+	return &netlink.Route{
+		Dst:      &net.IPNet{IP: b.Addr().AsSlice(), Mask: net.CIDRMask(b.Bits(), b.Addr().BitLen())},
+		Table:    c.ExportTable,
+		Protocol: netlink.RouteProtocol(c.ExportProto),
+		Type:     unix.RTN_BLACKHOLE,
+	}
 }
