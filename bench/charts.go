@@ -91,17 +91,9 @@ func (r *Report) latencyPlot(title string, val func(*LatencyRow) float64) (*plot
 				pts = append(pts, plotter.XY{X: float64(x), Y: val(row)})
 			}
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, s, err := plotter.NewLinePoints(pts)
-		if err != nil {
+		if err := addSeries(p, i, name, pts); err != nil {
 			return nil, err
 		}
-		l.Color, s.Color, s.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
-		l.Width = vg.Points(1.5)
-		p.Add(l, s)
-		p.Legend.Add(name, l, s)
 	}
 	p.NominalX(labels...)
 	return p, nil
@@ -151,17 +143,9 @@ func (r *Report) throughputPlot() (*plot.Plot, error) {
 				pts = append(pts, plotter.XY{X: float64(x), Y: row.PerSecond})
 			}
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, s, err := plotter.NewLinePoints(pts)
-		if err != nil {
+		if err := addSeries(p, i, name, pts); err != nil {
 			return nil, err
 		}
-		l.Color, s.Color, s.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
-		l.Width = vg.Points(1.5)
-		p.Add(l, s)
-		p.Legend.Add(name, l, s)
 	}
 	p.NominalX(labels...)
 	return p, nil
@@ -183,4 +167,21 @@ func (r *Report) dataPathPlot() (*plot.Plot, error) {
 	p.Add(b)
 	p.NominalX("bare veth pair", "skein pods")
 	return p, nil
+}
+
+// addSeries draws one contender's points as a line in its own colour and
+// marker, with a legend entry; no points, no line.
+func addSeries(p *plot.Plot, i int, name string, pts plotter.XYs) error {
+	if len(pts) == 0 {
+		return nil
+	}
+	l, s, err := plotter.NewLinePoints(pts)
+	if err != nil {
+		return err
+	}
+	l.Color, s.Color, s.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
+	l.Width = vg.Points(1.5)
+	p.Add(l, s)
+	p.Legend.Add(name, l, s)
+	return nil
 }
