@@ -21,6 +21,7 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/daemon"
+	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/vm/handover"
@@ -62,7 +63,7 @@ type Service struct {
 	tokens tokens
 	fd     *fdServer
 
-	locks   sync.Map // key string → *sync.Mutex
+	locks   keylock.Locks // per attachment key
 	mu      sync.Mutex
 	servers map[string][]*Server
 }
@@ -137,12 +138,7 @@ func (s *Service) secret(ctx context.Context) ([]byte, error) {
 	return b, nil
 }
 
-func (s *Service) lock(key string) func() {
-	m, _ := s.locks.LoadOrStore(key, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
-}
+func (s *Service) lock(key string) func() { return s.locks.Lock(key) }
 
 func alias(k store.AttachmentKey) string {
 	a := AliasPrefix + k.Network + ":" + k.ContainerID + ":" + k.IfName
