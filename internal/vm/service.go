@@ -63,9 +63,12 @@ type Service struct {
 	tokens tokens
 	fd     *fdServer
 
-	locks   keylock.Locks // per attachment key
-	mu      sync.Mutex
-	servers map[string][]*Server
+	// locks serialises the verbs per attachment key; containers guards
+	// the token file of each container (see claimToken).
+	locks      keylock.Locks
+	containers keylock.Locks
+	mu         sync.Mutex
+	servers    map[string][]*Server
 }
 
 var _ rpc.VMServer = (*Service)(nil)
@@ -292,6 +295,12 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 		}
 		if err := s.st.PutMeta(bg, metaKind, k.String(), nil); err != nil {
 			s.log.Error("undo VM record", "key", k, "err", err)
+			return
+		}
+		// A DEL of this container on another network may have kept the
+		// token because of this record: give it back if it was the last.
+		if err := s.releaseToken(bg, k.ContainerID); err != nil {
+			s.log.Warn("remove VM token", "container", k.ContainerID, "err", err)
 		}
 	}()
 	for i := range rec.Ports {
@@ -305,15 +314,16 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 		return nil, fmt.Errorf("record VM attachment: %w", err)
 	}
 
-	// 4. DHCP, 5. the launcher's token, 6. the result.
+	// 4. The result (nothing left to fail after the token), 5. DHCP,
+	// 6. the launcher's token.
+	out, err := buildResult(conf, rec)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.startServers(rec); err != nil {
 		return nil, err
 	}
-	if err := s.tokens.write(k.ContainerID); err != nil {
-		return nil, err
-	}
-	out, err := buildResult(conf, rec)
-	if err != nil {
+	if err := s.claimToken(k.ContainerID); err != nil {
 		return nil, err
 	}
 	s.log.Info("vm attached", "key", k, "ports", len(rec.Ports))
@@ -417,14 +427,41 @@ func (s *Service) detach(ctx context.Context, k store.AttachmentKey) error {
 	if err := s.st.PutMeta(ctx, metaKind, k.String(), nil); err != nil {
 		return fmt.Errorf("delete VM record: %w", err)
 	}
-	if err := s.dropTokenIfLast(ctx, k.ContainerID); err != nil {
+	if err := s.releaseToken(ctx, k.ContainerID); err != nil {
 		s.log.Warn("remove VM token", "container", k.ContainerID, "err", err)
 	}
 	s.log.Info("vm detached", "key", k)
 	return nil
 }
 
-func (s *Service) dropTokenIfLast(ctx context.Context, containerID string) error {
+// The token file of a container stands for all of its VM attachments, on
+// every network (the launcher asks for a container's taps, not a
+// network's). It must exist while any of them has a record, so the file
+// is owned by the records: ADD writes it once its record is stored, DEL
+// removes it when no record of the container is left.
+//
+// The attachment lock alone cannot make that safe: DEL of container C on
+// network A and ADD of C on network B hold different keys, and a DEL that
+// found no other record of C could remove the token an ADD on B wrote
+// after that look. So "look for records, then remove" and "write" run
+// under one lock per container. An ADD stores its record before it takes
+// that lock, hence either a DEL's look sees the record (and keeps the
+// file) or the ADD's write comes after the DEL's removal. Lock order:
+// attachment, then container.
+
+// claimToken writes the token of containerID; the caller's record of an
+// attachment of containerID is already stored.
+func (s *Service) claimToken(containerID string) error {
+	unlock := s.containers.Lock(containerID)
+	defer unlock()
+	return s.tokens.write(containerID)
+}
+
+// releaseToken removes the token of containerID unless a record of an
+// attachment of containerID is left; the caller's record is already gone.
+func (s *Service) releaseToken(ctx context.Context, containerID string) error {
+	unlock := s.containers.Lock(containerID)
+	defer unlock()
 	recs, err := s.records(ctx)
 	if err != nil {
 		return err
@@ -532,7 +569,7 @@ func (s *Service) restore(ctx context.Context) error {
 			if err := s.st.PutMeta(ctx, metaKind, r.Key.String(), nil); err != nil {
 				return err
 			}
-			_ = s.dropTokenIfLast(ctx, r.Key.ContainerID)
+			_ = s.releaseToken(ctx, r.Key.ContainerID)
 			dropped++
 			continue
 		}
