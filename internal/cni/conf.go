@@ -64,11 +64,8 @@ func Parse(data []byte) (*NetConf, error) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q is not supported", c.CNIVersion),
 			"skein supports "+strings.Join(SupportedVersions, ", "))
 	}
-	if c.Name == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "network configuration has no \"name\"", "")
-	}
-	if err := validNetworkName(c.Name); err != nil {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	if err := ValidateNetworkName(c.Name); err != nil {
+		return nil, err
 	}
 	if c.Pool == "" {
 		c.Pool = DefaultPool
@@ -84,13 +81,25 @@ func Parse(data []byte) (*NetConf, error) {
 	return &c, nil
 }
 
-// validNetworkName follows the spec: alphanumerics, '_', '.', '-', first
-// character alphanumeric; bounded so the kernel tag fits.
-func validNetworkName(n string) error {
-	if len(n) > 128 {
-		return fmt.Errorf("network name %q is longer than 128 bytes", n)
+// ValidateNetworkName checks a configuration's "name" as the spec defines
+// it: alphanumerics, '_', '.', '-', the first character alphanumeric;
+// bounded so the kernel tag fits. The error is a *types.Error with code 7
+// (invalid network configuration). Every front door that takes a CNI
+// configuration checks the name with it.
+func ValidateNetworkName(n string) error {
+	var err error
+	switch {
+	case n == "":
+		err = errors.New("network configuration has no \"name\"")
+	case len(n) > 128:
+		err = fmt.Errorf("network name %q is longer than 128 bytes", n)
+	default:
+		err = validID("network name", n)
 	}
-	return validID("network name", n)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	return nil
 }
 
 func validID(what, s string) error {

@@ -46,8 +46,8 @@ func ParseConf(data []byte, requirePrev bool) (*NetConf, error) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q is not supported", c.CNIVersion),
 			"skein-vm supports "+strings.Join(cni.SupportedVersions, ", "))
 	}
-	if c.Name == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "network configuration has no \"name\"", "")
+	if err := cni.ValidateNetworkName(c.Name); err != nil {
+		return nil, err
 	}
 	if c.LeaseSeconds < 0 || c.LeaseSeconds != 0 && c.LeaseSeconds < 10 {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("leaseSeconds %d: must be at least 10", c.LeaseSeconds), "")

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/skeinnet/skein/internal/cni"
 )
 
 const skeinPrev = `{"cniVersion":"1.0.0","interfaces":[{"name":"skabc","mac":"aa:00:00:00:00:01"},{"name":"eth0","mac":"02:11:22:33:44:55","sandbox":"/run/netns/p"}],
@@ -165,6 +168,44 @@ func TestHostnameFromArgs(t *testing.T) {
 	} {
 		if got := HostnameFromArgs(in); got != want {
 			t.Errorf("%q: got %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestParseConfNetworkName: skein-vm refuses the network names skein
+// refuses (the name becomes part of store keys and kernel tags), with the
+// same validator, for every verb.
+func TestParseConfNetworkName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"n", true},
+		{"vm-net_1.a", true},
+		{strings.Repeat("a", 128), true},
+		{"a/b", false},
+		{"../x", false},
+		{"-lead", false},
+		{"has space", false},
+		{"tab\there", false},
+		{"a:b", false},
+		{"nul\x00", false},
+		{strings.Repeat("a", 129), false},
+	} {
+		name, _ := json.Marshal(c.name)
+		raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":%s,"type":"skein-vm","prevResult":%s}`, name, skeinPrev)
+		_, cniErr := cni.Parse([]byte(raw))
+		if (cniErr == nil) != c.ok {
+			t.Fatalf("test table disagrees with cni.Parse for %q: %v", c.name, cniErr)
+		}
+		for _, requirePrev := range []bool{true, false} {
+			_, err := ParseConf([]byte(raw), requirePrev)
+			switch e, _ := err.(*types.Error); {
+			case c.ok && err != nil:
+				t.Errorf("name %q (requirePrev %v): want it accepted as cni.Parse does, got %v", c.name, requirePrev, err)
+			case !c.ok && (e == nil || e.Code != types.ErrInvalidNetworkConfig):
+				t.Errorf("name %q (requirePrev %v): want code %d as cni.Parse gives, got %v", c.name, requirePrev, types.ErrInvalidNetworkConfig, err)
+			}
 		}
 	}
 }
