@@ -25,6 +25,11 @@ type rawPort struct {
 }
 
 func openRaw(t *testing.T, ns *harness.NS, ifName string) *rawPort {
+	return openRawProto(t, ns, ifName, unix.ETH_P_IP)
+}
+
+// openRawProto is openRaw for another ethertype (unix.ETH_P_IPV6).
+func openRawProto(t *testing.T, ns *harness.NS, ifName string, proto uint16) *rawPort {
 	t.Helper()
 	r := &rawPort{}
 	err := ns.Do(func() error {
@@ -33,16 +38,21 @@ func openRaw(t *testing.T, ns *harness.NS, ifName string) *rawPort {
 			return err
 		}
 		r.ifindex = ifc.Index
-		r.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+		r.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(proto)))
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(r.fd) })
-	if err := unix.Bind(r.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: r.ifindex}); err != nil {
+	if err := unix.Bind(r.fd, &unix.SockaddrLinklayer{Protocol: htons(proto), Ifindex: r.ifindex}); err != nil {
 		t.Fatal(err)
 	}
+	// Copies of the frames the test sends would only fill the buffer.
+	if err := unix.SetsockoptInt(r.fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.SetsockoptInt(r.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
 	return r
 }
 
@@ -61,6 +71,19 @@ func (r *rawPort) send(t *testing.T, frame []byte) {
 func (r *rawPort) replies(t *testing.T, xid dhcpv4.TransactionID, d time.Duration) []*dhcpv4.DHCPv4 {
 	t.Helper()
 	var out []*dhcpv4.DHCPv4
+	r.frames(d, func(f vm.Frame) {
+		if f.DstPort != 68 {
+			return
+		}
+		if m, err := dhcpv4.FromBytes(f.Payload); err == nil && m.TransactionID == xid {
+			out = append(out, m)
+		}
+	})
+	return out
+}
+
+// frames hands each well-formed frame received until d passes to fn.
+func (r *rawPort) frames(d time.Duration, fn func(vm.Frame)) {
 	buf := make([]byte, 2048)
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
 		tv := unix.NsecToTimeval(int64(time.Until(deadline)) + 1)
@@ -69,15 +92,10 @@ func (r *rawPort) replies(t *testing.T, xid dhcpv4.TransactionID, d time.Duratio
 		if err != nil {
 			continue
 		}
-		f, err := vm.ParseFrame(buf[:n], true)
-		if err != nil || f.DstPort != 68 {
-			continue
-		}
-		if m, err := dhcpv4.FromBytes(f.Payload); err == nil && m.TransactionID == xid {
-			out = append(out, m)
+		if f, err := vm.ParseFrame(buf[:n], true); err == nil {
+			fn(f)
 		}
 	}
-	return out
 }
 
 // TestHostilePackets: malformed, truncated, foreign-MAC and relayed DHCP
@@ -221,5 +239,87 @@ func TestNoDHCPLeak(t *testing.T) {
 	}
 	if frames == 0 {
 		t.Error("the capture saw nothing at all on the veth (not even the ping): it proves nothing")
+	}
+}
+
+// TestFloodIsRateLimited: a guest that floods its port with requests that
+// only earn a NAK, or with router solicitations, gets a bounded number of
+// answers (a token bucket per port: a small burst, then one per period),
+// while a proper request is still answered at once.
+func TestFloodIsRateLimited(t *testing.T) {
+	e := newEnv(t)
+	l := e.skeinChain(t, "vm-flood", "1.1.0", nil)
+	p := e.mustAddVM(t, l, "flood")
+	if !p.addr6.IsValid() {
+		t.Fatal("the default test pool is dual-stack: the pod should have an IPv6 address")
+	}
+	vmNS, ifName := p.vmSide(t)
+	mac, _ := net.ParseMAC(p.vmMAC)
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	zero, all := netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("255.255.255.255")
+	const flood = 200
+
+	// DHCPv4: REQUESTs for an address that is not the VM's, each worth a NAK.
+	raw := openRaw(t, vmNS, ifName)
+	wrong := p.addr4.Addr().Next()
+	bad, err := dhcpv4.NewDiscovery(mac, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest),
+		dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(wrong.AsSlice())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := vm.BuildUDP(mac, bcast, zero, all, 68, 67, bad.ToBytes())
+	got := make(chan []*dhcpv4.DHCPv4)
+	go func() { got <- raw.replies(t, bad.TransactionID, 1500*time.Millisecond) }()
+	for range flood {
+		raw.send(t, frame)
+	}
+	naks := 0
+	for _, m := range <-got {
+		if m.MessageType() == dhcpv4.MessageTypeNak {
+			naks++
+		}
+	}
+	// Burst 4, one a second; the flood takes well under a second.
+	if naks < 1 || naks > 6 {
+		t.Errorf("%d REQUESTs for %s (not the lease) got %d NAKs; want at least 1 and at most 6 (burst 4, then one a second)", flood, wrong, naks)
+	}
+	good, err := dhcpv4.NewDiscovery(mac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.send(t, vm.BuildUDP(mac, bcast, zero, all, 68, 67, good.ToBytes()))
+	if got := raw.replies(t, good.TransactionID, 2*time.Second); len(got) != 1 || got[0].MessageType() != dhcpv4.MessageTypeOffer {
+		t.Errorf("a proper DISCOVER right after the NAK flood should get one OFFER, got %v", got)
+	}
+
+	// IPv6: router solicitations from a link-local address; the answers
+	// are addressed to it (the periodic advertisements go to ff02::1).
+	raw6 := openRawProto(t, vmNS, ifName, unix.ETH_P_IPV6)
+	src := netip.MustParseAddr("fe80::5c:1:2:3")
+	allRouters := netip.MustParseAddr("ff02::2")
+	rs := vm.BuildICMP6(mac, net.HardwareAddr{0x33, 0x33, 0, 0, 0, 2}, src, allRouters, []byte{133, 0, 0, 0, 0, 0, 0, 0})
+	counted := make(chan int)
+	go func() {
+		n := 0
+		raw6.frames(1500*time.Millisecond, func(f vm.Frame) {
+			if f.Proto == 58 && len(f.Payload) > 0 && f.Payload[0] == 134 && f.Dst == src {
+				n++
+			}
+		})
+		counted <- n
+	}()
+	for range flood {
+		raw6.send(t, rs)
+	}
+	ras := <-counted
+	// Burst 3, one per 3 s.
+	if ras < 1 || ras > 4 {
+		t.Errorf("%d router solicitations got %d solicited advertisements; want at least 1 and at most 4 (burst 3, then one per 3 s)", flood, ras)
+	}
+
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.d.Admin(t).Status(c, &rpc.Empty{}); err != nil {
+		t.Errorf("skeind should still answer: %v", err)
 	}
 }
