@@ -16,9 +16,18 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 )
 
-// SupportedVersions are the spec versions skein accepts. Results are
-// produced in whichever of them the configuration names.
-var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+// SupportedVersions are the spec versions skein accepts: every version
+// the spec has had. Results are produced in whichever of them the
+// configuration names; a configuration without cniVersion is 0.1.0, as the
+// spec and libcni read it. Which verbs a version has (CHECK from 0.4.0,
+// GC and STATUS from 1.1.0) the plugin binaries enforce, before skeind is
+// called.
+var SupportedVersions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// LegacyResult reports whether results of spec version v have the shape
+// of 0.1.0 and 0.2.0: {"ip4", "ip6", "dns"}, one address per family, no
+// interfaces.
+func LegacyResult(v string) bool { return v == "0.1.0" || v == "0.2.0" }
 
 // DefaultPool serves networks that name none.
 const DefaultPool = "default"
@@ -58,7 +67,7 @@ func Parse(data []byte) (*NetConf, error) {
 		return nil, types.NewError(types.ErrDecodingFailure, "cannot decode network configuration: "+err.Error(), "")
 	}
 	if c.CNIVersion == "" {
-		c.CNIVersion = "0.1.0"
+		c.CNIVersion = "0.1.0" // the spec's reading of a missing cniVersion
 	}
 	if !slices.Contains(SupportedVersions, c.CNIVersion) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q is not supported", c.CNIVersion),

@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/cniclient"
 )
 
@@ -49,7 +50,7 @@ func Main(p Plugin) {
 		Check:  p.call("CHECK"),
 		GC:     p.call("GC"),
 		Status: p.call("STATUS"),
-	}, version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), p.About); e != nil {
+	}, version.PluginSupports(cni.SupportedVersions...), p.About); e != nil {
 		printError(confVersion, e)
 		os.Exit(1)
 	}
@@ -59,6 +60,8 @@ func Main(p Plugin) {
 // error can carry its cniVersion, as the spec's error format asks (skel's
 // own printer leaves it out); skel then reads the same bytes from a pipe.
 // Without CNI_COMMAND skel prints its "about" line and reads nothing.
+// A configuration that decodes but names no version is 0.1.0; "" means
+// it could not be read.
 func peekVersion() string {
 	if os.Getenv("CNI_COMMAND") == "" {
 		return ""
@@ -76,10 +79,19 @@ func peekVersion() string {
 	if err != nil {
 		return ""
 	}
+	return versionOf(data)
+}
+
+func versionOf(conf []byte) string {
 	var c struct {
 		CNIVersion string `json:"cniVersion"`
 	}
-	_ = json.Unmarshal(data, &c)
+	if json.Unmarshal(conf, &c) != nil {
+		return ""
+	}
+	if c.CNIVersion == "" {
+		return "0.1.0"
+	}
 	return c.CNIVersion
 }
 

@@ -44,3 +44,21 @@ func TestRPCErrorCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionOf: the version an error is reported in. A configuration
+// without cniVersion is 0.1.0 (the spec, libcni); one that cannot be
+// decoded has none.
+func TestVersionOf(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"cniVersion":"0.2.0","name":"n"}`: "0.2.0",
+		`{"cniVersion":"1.1.0"}`:            "1.1.0",
+		`{"name":"n"}`:                      "0.1.0",
+		`{"cniVersion":"","name":"n"}`:      "0.1.0",
+		`{"cniVersion":`:                    "",
+		`[]`:                                "",
+	} {
+		if got := versionOf([]byte(in)); got != want {
+			t.Errorf("versionOf(%s) = %q, want %q", in, got, want)
+		}
+	}
+}

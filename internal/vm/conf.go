@@ -169,6 +169,31 @@ func (l *Lease) Classless4() []Route {
 func (l *Lease) T1() time.Duration { return l.Time / 2 }
 func (l *Lease) T2() time.Duration { return l.Time * 7 / 8 }
 
+// AdoptLegacyPrev makes a 0.1.0 or 0.2.0 prevResult usable by Leases.
+// Such a result names no interface (only "ip4" and "ip6"); its addresses
+// are those of the interface the runtime named, CNI_IFNAME, in the
+// sandbox, and AdoptLegacyPrev says so: it replaces conf.PrevResult with a
+// current result that lists ifName in sandbox and gives it every address.
+// Results of later versions are left alone.
+func AdoptLegacyPrev(conf *NetConf, ifName, sandbox string) error {
+	if conf.PrevResult == nil || !cni.LegacyResult(conf.CNIVersion) {
+		return nil
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "cannot convert prevResult: "+err.Error(), "")
+	}
+	if len(prev.Interfaces) > 0 {
+		return nil
+	}
+	prev.Interfaces = []*current.Interface{{Name: ifName, Sandbox: sandbox}}
+	for _, ip := range prev.IPs {
+		ip.Interface = current.Int(0)
+	}
+	conf.PrevResult = prev
+	return nil
+}
+
 // Leases picks from the main plugin's result every interface it made in
 // the sandbox that carries addresses, and what to serve on each. At most
 // one address per family is served on an interface (DHCPv4 has room for

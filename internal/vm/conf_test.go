@@ -209,3 +209,41 @@ func TestParseConfNetworkName(t *testing.T) {
 		}
 	}
 }
+
+// TestLeasesFromLegacyPrev: a main plugin speaking 0.1.0 or 0.2.0 gives
+// {"ip4", "ip6", "dns"} and no interfaces; the addresses are CNI_IFNAME's,
+// and the VM is served them (the MAC is read from the veth at ADD).
+func TestLeasesFromLegacyPrev(t *testing.T) {
+	for _, v := range []string{"0.1.0", "0.2.0"} {
+		prev := `{"cniVersion":"` + v + `","ip4":{"ip":"10.64.0.5/32","gateway":"169.254.1.1","routes":[{"dst":"0.0.0.0/0","gw":"169.254.1.1"}]},
+"ip6":{"ip":"fd00:64::5/128","gateway":"fe80::1","routes":[{"dst":"::/0","gw":"fe80::1"}]},"dns":{"nameservers":["10.96.0.10"]}}`
+		c := conf(t, v, prev, "")
+		if err := AdoptLegacyPrev(c, "net1", "/run/netns/p"); err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		ls, err := Leases(c, "")
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		want := Lease{
+			IfName: "net1",
+			Addr4:  netip.MustParsePrefix("10.64.0.5/32"), Addr6: netip.MustParsePrefix("fd00:64::5/128"),
+			Gateway4: netip.MustParseAddr("169.254.1.1"), Gateway6: netip.MustParseAddr("fe80::1"),
+			Routes4: []Route{{Dst: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("169.254.1.1")}},
+			Routes6: []Route{{Dst: netip.MustParsePrefix("::/0"), Via: netip.MustParseAddr("fe80::1")}},
+			DNS4:    []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Time:    DefaultLease,
+		}
+		if len(ls) != 1 || fmt.Sprintf("%+v", ls[0]) != fmt.Sprintf("%+v", want) {
+			t.Errorf("%s: leases\n got  %+v\n want [%+v]", v, ls, want)
+		}
+	}
+	// A 1.0.0 result keeps its own interfaces.
+	c := conf(t, "1.0.0", skeinPrev, "")
+	if err := AdoptLegacyPrev(c, "net1", "/run/netns/p"); err != nil {
+		t.Fatal(err)
+	}
+	if ls, err := Leases(c, ""); err != nil || len(ls) != 1 || ls[0].IfName != "eth0" {
+		t.Errorf("a 1.0.0 prevResult should be left alone: %+v, %v", ls, err)
+	}
+}

@@ -252,6 +252,9 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 	if err := validate(req, conf, true); err != nil {
 		return nil, err
 	}
+	if err := AdoptLegacyPrev(conf, req.Ifname, req.Netns); err != nil {
+		return nil, err
+	}
 	leases, err := Leases(conf, HostnameFromArgs(req.Args))
 	if err != nil {
 		return nil, err

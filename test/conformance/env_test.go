@@ -25,8 +25,21 @@ import (
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
-// versions are the spec versions skein accepts.
-var versions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+// versions are the spec versions skein accepts: every one the spec had.
+var versions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// noVersion stands for a configuration without "cniVersion", which the
+// spec and libcni read as 0.1.0.
+const noVersion = "none"
+
+// resultVersion is the version of the result a configuration of version v
+// gets.
+func resultVersion(v string) string {
+	if v == noVersion {
+		return "0.1.0"
+	}
+	return v
+}
 
 // refMaxVersion is the newest spec version Debian's reference plugins
 // (containernetworking-plugins 1.1.1) accept.
@@ -96,10 +109,23 @@ func keys(atts []*rpc.Attachment) string {
 	return strings.Join(s, ", ")
 }
 
+// list is a conflist of skein and extra in version (noVersion: without
+// cniVersion).
 func (e *env) list(t testing.TB, name, version string, extra ...skeintest.Plugin) *libcni.NetworkConfigList {
 	t.Helper()
-	plugins := []skeintest.Plugin{e.d.SkeinPlugin(nil)}
-	return skeintest.ConfList(t, name, version, append(plugins, extra...)...)
+	plugins := append([]skeintest.Plugin{e.d.SkeinPlugin(nil)}, extra...)
+	if version != noVersion {
+		return skeintest.ConfList(t, name, version, plugins...)
+	}
+	b, err := json.Marshal(map[string]any{"name": name, "plugins": plugins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		t.Fatalf("conflist without cniVersion: %v", err)
+	}
+	return l
 }
 
 func cctx(t testing.TB) context.Context {
