@@ -66,7 +66,10 @@ vet:
 
 # A pool, two CNI pods, a Docker container and a qemu VM reaching each
 # other; the host is checked unchanged at the end. Root.
-demo: deps-demo build
+# If installing fails (offline, apt busy), the demo still runs and says
+# what it skipped and why.
+demo: build
+	./scripts/install-deps.sh demo || echo "make demo: could not install every dependency (above); the demo skips what is missing and says why"
 	$(GO) run ./test/demo -bin $(BIN)
 
 proto:

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -178,26 +180,53 @@ func (before hostState) diff(after hostState) (gone, added []string) {
 	return gone, added
 }
 
-// leftoverProcesses lists running processes whose command line mentions
-// dir (the demo's temporary directory: every dockerd, containerd, qemu and
-// dhclient the demo starts is given a path inside it).
-func leftoverProcesses(dir string) []string {
-	var out []string
+// processesOf returns the pids of running processes whose command line
+// mentions dir.
+func processesOf(dir string) map[int]string {
+	out := map[int]string{}
 	ents, _ := os.ReadDir("/proc")
-	self := fmt.Sprint(os.Getpid())
 	for _, e := range ents {
-		if e.Name() == self || strings.Trim(e.Name(), "0123456789") != "" {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil || !strings.Contains(string(b), dir) {
 			continue
 		}
-		cmd := strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ")
+		out[pid] = strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ")
+	}
+	return out
+}
+
+// killLeftovers ends the processes processesOf finds: SIGTERM, then
+// SIGKILL for those still there a few seconds later.
+func killLeftovers(dir string) {
+	for pid := range processesOf(dir) {
+		_ = unix.Kill(pid, unix.SIGTERM)
+	}
+	for i := 0; i < 50 && len(processesOf(dir)) > 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	for pid := range processesOf(dir) {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	for i := 0; i < 20 && len(processesOf(dir)) > 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// leftoverProcesses lists running processes whose command line mentions
+// dir (the demo's temporary directory: every dockerd, containerd, qemu and
+// dhclient the demo starts is given a path inside it).
+func leftoverProcesses(dir string) []string {
+	var out []string
+	for pid, cmd := range processesOf(dir) {
 		if len(cmd) > 100 {
 			cmd = cmd[:100] + "…"
 		}
-		out = append(out, fmt.Sprintf("pid %s: %s", e.Name(), cmd))
+		out = append(out, fmt.Sprintf("pid %d: %s", pid, cmd))
 	}
+	slices.Sort(out)
 	return out
 }

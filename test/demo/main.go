@@ -62,18 +62,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "demo: -vm %q: want auto, qemu or standin\n", m)
 		os.Exit(2)
 	}
+	// Ctrl-C cancels the run; cleanup still runs in full (further
+	// signals are caught until it is done). Every process the demo starts
+	// has a process group of its own, so the terminal's SIGINT does not
+	// kill skeind or dockerd before they have undone their work.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	start := time.Now()
 	before, err := snapshotHost()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-
-	// Ctrl-C cancels the run; cleanup still runs in full (further
-	// signals are caught until it is done). Every process the demo starts
-	// has a process group of its own, so the terminal's SIGINT does not
-	// kill skeind or dockerd before they have undone their work.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	d := &demo{bin: *bin, vmMode: *vmMode}
 	var c cleanup
 	err = d.run(ctx, &c)
@@ -94,8 +93,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo: FAILED:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("== done in %v: the host is as it was (namespaces, links, addresses, routes, rules, nftables, mounts, files; no process left)\n",
-		time.Since(start).Round(100*time.Millisecond))
+	skipped := ""
+	if n := len(d.skipped); n > 0 {
+		skipped = fmt.Sprintf(" (%d part(s) skipped, see above)", n)
+	}
+	fmt.Printf("== done in %v%s: the host is as it was (namespaces, links, addresses, routes, rules, nftables, mounts, files; no process left)\n",
+		time.Since(start).Round(100*time.Millisecond), skipped)
 }
 
 // checkHost compares the host with its state before the demo and looks

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -53,6 +55,7 @@ type member struct {
 	kind, name string
 	v4, v6     netip.Addr
 	hostLink   string // from skeind's attachment record
+	pool       string // likewise
 	detail     string
 	// ping tries each address and reports which answered. nil: this
 	// member cannot ping (it has no shell the demo can reach).
@@ -91,7 +94,7 @@ func (d *demo) run(ctx context.Context, c *cleanup) error {
 	if d.dir, err = os.MkdirTemp("", "skein-demo-"); err != nil {
 		return err
 	}
-	c.add(func() error { return os.RemoveAll(d.dir) })
+	c.add(d.removeDir)
 
 	fmt.Println("== a node namespace, and skeind serving it with one dual-stack pool (" + pool4 + ", " + pool6 + ")")
 	if d.node, err = newNS(c, "node"); err != nil {
@@ -145,6 +148,41 @@ func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// removeDir removes the demo's directory. Normally every process and
+// mount in it is gone by then; if one is not (dockerd killed before it
+// could stop its containerd and unmount its roots, e.g. by a Ctrl-C that
+// arrived while it was starting), it says so, ends the processes (each
+// has the directory in its command line, so each is the demo's), and
+// unmounts what is left, deepest first.
+func (d *demo) removeDir() error {
+	var errs []error
+	if left := leftoverProcesses(d.dir); len(left) > 0 {
+		fmt.Printf("   ending %d process(es) the demo's dockerd or qemu left:\n     %s\n", len(left), strings.Join(left, "\n     "))
+		killLeftovers(d.dir)
+	}
+	mounts, err := mountPoints()
+	if err != nil {
+		return err
+	}
+	var under []string
+	for _, m := range mounts {
+		if p := strings.Fields(m)[1]; strings.HasPrefix(p, d.dir+"/") {
+			under = append(under, p)
+		}
+	}
+	slices.SortFunc(under, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range under {
+		fmt.Println("   unmounting", p, "(left by dockerd)")
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+		}
+	}
+	if err := os.RemoveAll(d.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // newNS creates a pinned namespace with lo up; cleanup removes it.
@@ -358,8 +396,8 @@ func nsPinger(ns string) func(context.Context, []netip.Addr) (map[netip.Addr]boo
 	}
 }
 
-// hostLinks fills in each member's host link from skeind's own records:
-// the attachment holding the member's address.
+// hostLinks fills in each member's host link and pool from skeind's own
+// records: the attachment holding the member's address.
 func (d *demo) hostLinks(ctx context.Context) error {
 	conn, err := grpc.NewClient("unix://"+d.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -377,15 +415,14 @@ func (d *demo) hostLinks(ctx context.Context) error {
 			for _, s := range a.Addresses {
 				p, err := netip.ParsePrefix(s)
 				if a.HostLink != "" && (err == nil && p.Addr() == m.v4 || s == m.v4.String()) {
-					m.hostLink = a.HostLink
+					m.hostLink, m.pool = a.HostLink, a.Pool
 				}
 			}
 		}
 		if m.hostLink == "" {
-			m.hostLink = "?"
+			return fmt.Errorf("skeind has no attachment with %s's address %s", m.name, m.v4)
 		}
 	}
-	fmt.Printf("\n== skeind holds %d attachments, all in pool \"default\"\n", len(l.Attachments))
 	return nil
 }
 

@@ -17,11 +17,11 @@ func orDash(a netip.Addr) string {
 }
 
 func (d *demo) printTable() {
-	fmt.Println()
+	fmt.Println("\n== what each got (host link and pool from skeind's records)")
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tNAME\tIPV4\tIPV6\tHOST LINK\tINSIDE")
+	fmt.Fprintln(tw, "KIND\tNAME\tIPV4\tIPV6\tHOST LINK\tPOOL\tINSIDE")
 	for _, m := range d.members {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.kind, m.name, orDash(m.v4), orDash(m.v6), m.hostLink, m.detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.kind, m.name, orDash(m.v4), orDash(m.v6), m.hostLink, m.pool, m.detail)
 	}
 	tw.Flush()
 }
