@@ -38,6 +38,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
 )
@@ -507,7 +508,12 @@ func (d *demo) standIn(ctx context.Context, c *cleanup, pod, bridge, mac string,
 	}
 	fmt.Printf("   udhcpc (busybox) leased IPv4 in %v\n", time.Since(start).Round(time.Millisecond))
 
+	// dhclient -6 binds to the link-local address, which the kernel adds
+	// once the link has carrier.
 	start = time.Now()
+	if err := waitUntil(ctx, 5*time.Second, func() bool { return hasLinkLocal(vh, link) }); err != nil {
+		return fmt.Errorf("no link-local address on the stand-in's interface: %w", err)
+	}
 	logf, err := os.Create(filepath.Join(dir, "dhclient6.log"))
 	if err != nil {
 		return err
@@ -546,6 +552,16 @@ func hasAddr(h *netlink.Handle, l netlink.Link, a netip.Addr) bool {
 	addrs, _ := h.AddrList(l, netlink.FAMILY_ALL)
 	for _, x := range addrs {
 		if y, ok := netip.AddrFromSlice(x.IP); ok && y.Unmap() == a {
+			return true
+		}
+	}
+	return false
+}
+
+func hasLinkLocal(h *netlink.Handle, l netlink.Link) bool {
+	addrs, _ := h.AddrList(l, netlink.FAMILY_V6)
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
 			return true
 		}
 	}
