@@ -23,7 +23,7 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-# Only what `make demo` uses: ping, docker.io, qemu and the cached kernel.
+# Only what `make demo` uses: ping, docker.io, qemu, dhclient, the kernel.
 deps-demo:
 	./scripts/install-deps.sh demo
 
@@ -65,9 +65,8 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 # A pool, two CNI pods, a Docker container and a qemu VM reaching each
-# other; the host is checked unchanged at the end. Root.
-# If installing fails (offline, apt busy), the demo still runs and says
-# what it skipped and why.
+# other; the host is checked unchanged at the end. Root. If installing
+# fails (offline, apt busy), the demo still runs and says what it skipped.
 demo: build
 	./scripts/install-deps.sh demo || echo "make demo: could not install every dependency (above); the demo skips what is missing and says why"
 	$(GO) run ./test/demo -bin $(BIN)
