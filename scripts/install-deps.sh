@@ -3,17 +3,36 @@
 # (CI starts from a fresh one). Idempotent: it installs only what is missing.
 # Each front door keeps its own needs in scripts/deps.d/*.sh, which may
 # append to the `pkgs` array and define a `post` step (run after apt).
+#
+# Usage: install-deps.sh [all|demo]. "all" (the default, `make test`) is
+# everything; "demo" (`make demo`) is only what test/demo runs: ping, Docker
+# (docker.sh) and qemu with the cached kernel (vm.sh, which reads $profile
+# to leave out the DHCP clients and dnsmasq only the tests use).
 set -euo pipefail
 cd "$(dirname "$0")"
 
-pkgs=(
-  containernetworking-plugins # reference CNI plugins (chaining tests, benchmark contenders)
-  iproute2                    # ip netns exec for debugging
-  iputils-ping                # reachability checks inside pod namespaces
-  nftables
-)
+profile=${1:-all}
+case "$profile" in
+all)
+  pkgs=(
+    containernetworking-plugins # reference CNI plugins (chaining tests, benchmark contenders)
+    iproute2                    # ip netns exec for debugging
+    iputils-ping                # reachability checks inside pod namespaces
+    nftables
+  )
+  files=(deps.d/*.sh)
+  ;;
+demo)
+  pkgs=(iputils-ping)
+  files=(deps.d/docker.sh deps.d/vm.sh)
+  ;;
+*)
+  echo "usage: $0 [all|demo]" >&2
+  exit 2
+  ;;
+esac
 posts=()
-for f in deps.d/*.sh; do
+for f in "${files[@]}"; do
   [ -e "$f" ] || continue
   post() { :; }
   # shellcheck source=/dev/null
