@@ -3,7 +3,9 @@
 // It owns three things: running a function inside a namespace (Do), opening
 // netlink handles whose sockets live in a namespace (Handle), and the
 // namespace-relative files under /proc/sys (WriteSysctl). It also pins new
-// namespaces to a path (Create/Remove) for tests and tools.
+// namespaces to a path (Create/Remove) for tests and tools, preparing the
+// pin directory as iproute2 does (PrepareDir, which explains why), and reads
+// the mount table those pins live in (MountTable).
 //
 // # The thread hazard
 //

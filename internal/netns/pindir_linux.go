@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -95,12 +96,13 @@ func makeShared(dir string) error {
 // openMountsBelow opens (O_PATH) every mount point strictly below dir, as
 // listed in this process's mountinfo.
 func openMountsBelow(dir string) ([]*os.File, error) {
-	points, err := mountPoints()
+	table, err := MountTable()
 	if err != nil {
 		return nil, err
 	}
 	var out []*os.File
-	for _, p := range points {
+	for _, m := range table {
+		p := m.Point
 		if !strings.HasPrefix(p, dir+"/") {
 			continue
 		}
@@ -113,21 +115,36 @@ func openMountsBelow(dir string) ([]*os.File, error) {
 	return out, nil
 }
 
-// mountPoints returns the mount point of every mount in this process's
-// mount namespace, in mountinfo order.
-func mountPoints() ([]string, error) {
+// Mount is one entry of a mount table, paths unescaped.
+type Mount struct {
+	Root   string // the mounted directory's path inside its file system
+	Point  string // where it is mounted
+	FSType string
+	Source string
+}
+
+// MountTable reads /proc/self/mountinfo: the mounts of the calling
+// thread's mount namespace, hidden ones included, in the kernel's order.
+func MountTable() ([]Mount, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("read mount table: %w", err)
 	}
 	defer f.Close()
-	var out []string
+	var out []Mount
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
-			out = append(out, unescapeMountinfo(fields[4]))
+		// id parent major:minor root point options [optional...] - type source superopts
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if sep < 6 || sep+2 >= len(fields) {
+			return nil, fmt.Errorf("read mount table: unexpected line %q", sc.Text())
 		}
+		out = append(out, Mount{
+			Root: unescapeMountinfo(fields[3]), Point: unescapeMountinfo(fields[4]),
+			FSType: fields[sep+1], Source: unescapeMountinfo(fields[sep+2]),
+		})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mount table: %w", err)

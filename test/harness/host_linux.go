@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
 )
 
 // Host is a read-only picture of the namespaces the calling process lives in
@@ -99,51 +100,20 @@ func readNFT() []string {
 	return lines
 }
 
-// mount is one line of /proc/self/mountinfo.
-type mount struct {
-	root, point, fstype, source string
-}
-
-// mounts reads the mount table of the calling process's mount namespace.
-// Paths keep the kernel's octal escapes (\040 for a space).
-func mounts() ([]mount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	defer f.Close()
-	var out []mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root point options [optional...] - type source superopts
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if len(fields) < 5 || sep < 5 || sep+2 >= len(fields) {
-			return nil, fmt.Errorf("mountinfo line %q: unexpected format", sc.Text())
-		}
-		out = append(out, mount{root: fields[3], point: fields[4], fstype: fields[sep+1], source: fields[sep+2]})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	return out, nil
-}
-
 // readMounts describes the mount table: mount IDs, options and propagation
 // are left out (they change with remounts that leave nothing behind).
 // Namespace pins (nsfs) are listed apart.
 func readMounts() (described, pins []string, err error) {
-	all, err := mounts()
+	all, err := netns.MountTable()
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, m := range all {
-		if m.fstype == "nsfs" {
-			pins = append(pins, fmt.Sprintf("pin %s %s", m.point, m.root))
+		if m.FSType == "nsfs" {
+			pins = append(pins, fmt.Sprintf("pin %s %s", m.Point, m.Root))
 			continue
 		}
-		described = append(described, fmt.Sprintf("%s type=%s source=%s root=%s", m.point, m.fstype, m.source, m.root))
+		described = append(described, fmt.Sprintf("%s type=%s source=%s root=%s", m.Point, m.FSType, m.Source, m.Root))
 	}
 	return described, pins, nil
 }
@@ -153,14 +123,14 @@ func readMounts() (described, pins []string, err error) {
 // killed at a test's end, may leave its mounts behind. Errors are ignored:
 // it is cleanup, and what stays shows in `make test`'s host check.
 func UnmountUnder(dir string) {
-	all, err := mounts()
+	all, err := netns.MountTable()
 	if err != nil {
 		return
 	}
 	var below []string
 	for _, m := range all {
-		if strings.HasPrefix(m.point, dir+"/") {
-			below = append(below, m.point)
+		if strings.HasPrefix(m.Point, dir+"/") {
+			below = append(below, m.Point)
 		}
 	}
 	slices.Sort(below)
