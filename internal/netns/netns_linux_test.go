@@ -145,9 +145,12 @@ func TestCreateRemove(t *testing.T) {
 		t.Errorf("after Remove: %v, want ErrNotExist", err)
 	}
 	assertGone(t, path)
-	// A second Create in the prepared directory does not stack another
-	// mount of it.
+	// Another process preparing the directory again (with a pin in it)
+	// stacks no second mount and hides nothing.
 	if err := netns.Create(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.PrepareDirAgain(dir); err != nil {
 		t.Fatal(err)
 	}
 	if m := mountsAt(t, dir); len(m) != 1 {
@@ -156,4 +159,5 @@ func TestCreateRemove(t *testing.T) {
 	if err := netns.Remove(path); err != nil {
 		t.Error(err)
 	}
+	assertGone(t, path)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,8 +20,8 @@ const maxLayers = 16
 
 // PrepareDir makes dir (created if missing) a mount point of its own with
 // shared propagation, exactly as `ip netns add` and podman do to /run/netns
-// on first use. Create calls it before every pin; it is idempotent and cheap
-// once done (one mount(2) call), and the mount stays, as theirs does.
+// on first use. Create calls it before every pin; it is idempotent, does its
+// work once per directory and process, and the mount stays, as theirs does.
 //
 // Why it matters: before their first pin, iproute2 and podman try
 // `mount --make-shared` on the directory; when that fails because it is no
@@ -41,6 +42,23 @@ const maxLayers = 16
 // that do not take it can still race with the first preparation, as they race
 // with each other.
 func PrepareDir(dir string) error {
+	// Once per directory and process: making a tree shared again walks
+	// every pin below it, which would make n Creates cost n² (benchmarks
+	// pin thousands).
+	if _, done := prepared.Load(dir); done {
+		return nil
+	}
+	if err := prepareDir(dir); err != nil {
+		return err
+	}
+	prepared.Store(dir, true)
+	return nil
+}
+
+// prepared holds the directories PrepareDir has prepared in this process.
+var prepared sync.Map
+
+func prepareDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create netns directory: %w", err)
 	}
