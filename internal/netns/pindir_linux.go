@@ -76,11 +76,11 @@ func prepareDir(dir string) error {
 	}
 	// Not a mount point yet: bind it onto itself, carrying the pins below
 	// it over, then detach the originals the bind hides.
-	real, err := filepath.EvalSymlinks(dir)
+	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return fmt.Errorf("resolve netns directory: %w", err)
 	}
-	below, err := openMountsBelow(real)
+	below, err := openMountsBelow(resolved)
 	defer func() {
 		for _, f := range below {
 			f.Close()
@@ -89,18 +89,21 @@ func prepareDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := unix.Mount(real, real, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind netns directory %s onto itself: %w", real, err)
+	if err := unix.Mount(resolved, resolved, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind netns directory %s onto itself: %w", resolved, err)
 	}
 	for _, f := range below {
 		// Through the descriptor the path resolves to the original, now
 		// under the bind; EINVAL: detached with a parent already.
 		err := unix.Unmount(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), unix.MNT_DETACH)
 		if err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("detach %s hidden by the bind of %s: %w", f.Name(), real, err)
+			return fmt.Errorf("detach %s hidden by the bind of %s: %w", f.Name(), resolved, err)
 		}
 	}
-	return makeShared(real)
+	if err := makeShared(resolved); err != nil {
+		return fmt.Errorf("make netns directory %s shared after binding it: %w", resolved, err)
+	}
+	return nil
 }
 
 func makeShared(dir string) error {
