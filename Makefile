@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -29,8 +29,18 @@ deps-demo:
 
 # Every test: unit tests and the privileged ones (real namespaces, real
 # kernel, the real binaries through libcni), the conformance suite
-# (test/conformance) included. Run as root.
-test: deps build vet
+# (test/conformance) included. Run as root. test/hostcheck records the
+# host's pinned namespaces, links, addresses, routes, rules, nftables and
+# mounts first and compares them once the tests are done: make test fails
+# if the tests fail, and also if they pass but leave the host changed.
+test:
+	@state=$$(mktemp /tmp/skein-host.XXXXXX) || exit 1; \
+	$(GO) run ./test/hostcheck save "$$state" || { rm -f "$$state"; exit 1; }; \
+	$(MAKE) --no-print-directory test-run; status=$$?; \
+	$(GO) run ./test/hostcheck compare "$$state" || { [ $$status -ne 0 ] || status=1; }; \
+	rm -f "$$state"; exit $$status
+
+test-run: deps build vet
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m ./...
 
 # Unit tests only (no root needed; privileged tests skip).

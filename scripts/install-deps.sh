@@ -16,7 +16,7 @@ case "$profile" in
 all)
   pkgs=(
     containernetworking-plugins # reference CNI plugins (chaining tests, benchmark contenders)
-    iproute2                    # ip netns exec for debugging
+    iproute2                    # ip(8): the DHCP clients' scripts, ip netns exec for debugging
     iputils-ping                # reachability checks inside pod namespaces
     nftables
   )
@@ -46,6 +46,16 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
+  # No package installed here may start a service on the host: docker.io's
+  # dockerd would add its bridge and iptables rules (FORWARD DROP), and
+  # `make test` checks that the host's network is as it was. While apt
+  # runs, a policy-rc.d keeps invoke-rc.d and deb-systemd-invoke from
+  # starting anything — unless the machine already has a policy.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\n# skein install-deps: no service starts while installing\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -43,7 +43,9 @@ post() {
   mkdir -p "$cache"
   local tmp
   tmp=$(mktemp -d "$cache/.dl.XXXXXX")
-  chmod 0755 "$tmp" # apt-get download drops privileges to _apt
+  # apt-get download drops privileges to _apt, which must be able to write
+  # there (else it warns and downloads as root).
+  chown _apt "$tmp" 2>/dev/null || chmod 0777 "$tmp"
   (cd "$tmp" && apt-get download -qq "$pkg" >/dev/null) || { rm -rf "$tmp"; return 1; }
   rm -rf "${cache:?}/$ver"
   mkdir -p "$cache/$ver"

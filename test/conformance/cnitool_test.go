@@ -66,7 +66,7 @@ func TestCnitoolEveryVersion(t *testing.T) {
 	ct := newCnitool(t, e)
 	for _, v := range append(versions, noVersion) {
 		t.Run(v, func(t *testing.T) {
-			net := "ct-" + strings.ReplaceAll(v, ".", "") + "-" + suffix()
+			net := "ct-" + strings.ReplaceAll(v, ".", "") + "-" + harness.RandHex(4)
 			ct.network(t, e, net, v)
 			ns := harness.NewNS(t, "pod")
 			out, err := ct.run("add", net, ns)
@@ -102,7 +102,7 @@ func TestCnitoolEveryVersion(t *testing.T) {
 	}
 
 	t.Run("gc", func(t *testing.T) {
-		sfx := suffix()
+		sfx := harness.RandHex(4)
 		net, other := "ct-gc-"+sfx, "ct-keep-"+sfx
 		ct.network(t, e, net, "1.1.0")
 		ct.network(t, e, other, "1.1.0")

@@ -1,12 +1,8 @@
 package conformance
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -75,9 +71,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	harness.RequireRoot(t)
 	d := skeintest.StartDaemon(t, skeintest.Options{})
-	if _, err := d.Node.Exec(t, "ip", "addr", "add", nodeAddr.String()+"/32", "dev", "lo"); err != nil {
-		t.Fatalf("node address: %v", err)
-	}
+	d.Node.AddAddr(t, "lo", netip.PrefixFrom(nodeAddr, 32))
 	return &env{d: d, cni: d.CNI(), base: nodeState(t, d.Node)}
 }
 
@@ -154,35 +148,28 @@ func (e *env) exec(t testing.TB, c call) ([]byte, *types.Error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(e.d.BinDir, "skein"))
-	cmd.Env = []string{
+	r, err := skeintest.ExecPlugin(filepath.Join(e.d.BinDir, "skein"), []string{
 		"PATH=" + os.Getenv("PATH"),
 		"CNI_COMMAND=" + c.cmd, "CNI_CONTAINERID=" + c.id, "CNI_NETNS=" + c.netns,
 		"CNI_IFNAME=" + c.ifname, "CNI_ARGS=" + c.args, "CNI_PATH=" + e.d.BinDir,
+	}, stdin)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	runErr := cmd.Run()
-	var exit *exec.ExitError
-	if runErr != nil && !errors.As(runErr, &exit) {
-		t.Fatalf("run skein: %v", runErr)
+	if r.Exit == 0 {
+		return r.Stdout, nil
 	}
-	if runErr == nil {
-		return out.Bytes(), nil
-	}
-	var se types.Error
-	if err := json.Unmarshal(out.Bytes(), &se); err != nil || se.Code == 0 || se.Msg == "" {
+	if r.SpecErr == nil || r.SpecErr.Msg == "" {
 		violation(t, "a failing plugin prints {cniVersion, code, msg[, details]} on stdout and exits non-zero",
-			"%s exited %d with stdout %q, stderr %q", c.cmd, exit.ExitCode(), out.String(), errOut.String())
-		return out.Bytes(), &types.Error{Code: 0, Msg: "no spec error"}
+			"%s exited %d with stdout %q, stderr %q", c.cmd, r.Exit, r.Stdout, r.Stderr)
+		return r.Stdout, &types.Error{Code: 0, Msg: "no spec error"}
 	}
 	var raw map[string]any
-	_ = json.Unmarshal(out.Bytes(), &raw)
+	_ = json.Unmarshal(r.Stdout, &raw)
 	if _, ok := raw["cniVersion"]; !ok {
-		violation(t, "the error result carries cniVersion", "%s printed %s", c.cmd, out.String())
+		violation(t, "the error result carries cniVersion", "%s printed %s", c.cmd, r.Stdout)
 	}
-	return out.Bytes(), &se
+	return r.Stdout, r.SpecErr
 }
 
 // wantCode checks that err is a spec error with code.
@@ -214,15 +201,9 @@ func reach(t testing.TB, from *harness.NS, what string, addrs ...netip.Addr) {
 	}
 }
 
-// suffix makes names unique to one run (networks, containers).
-func suffix() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // tool finds an external program or skips: the suite drives clients other
-// people wrote, and `make deps` installs them.
+// people wrote, and `make deps` installs them (cnitool in a cache of its
+// own).
 func tool(t testing.TB, name string) string {
 	t.Helper()
 	if name == "cnitool" {
@@ -234,11 +215,7 @@ func tool(t testing.TB, name string) string {
 			}
 		}
 	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("skipping: %s is not installed (make deps installs it)", name)
-	}
-	return p
+	return skeintest.RequireTool(t, name)
 }
 
 // run runs a command and returns its combined output, failing on error.

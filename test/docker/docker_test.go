@@ -164,7 +164,7 @@ func TestBadInput(t *testing.T) {
 	n := len(e.dockerAttachments(t))
 	pools := e.pools(t)
 	create := func(flags ...string) []string {
-		return append(append([]string{"network", "create", "-d", e.driver, "--ipam-driver", e.driver}, flags...), "bad-"+randHex(3))
+		return append(append([]string{"network", "create", "-d", e.driver, "--ipam-driver", e.driver}, flags...), "bad-"+harness.RandHex(3))
 	}
 	for _, c := range []struct {
 		what string

@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/vm"
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // rawPort is a packet socket on the VM stand-in's interface: the test
@@ -182,7 +182,7 @@ func TestHostilePackets(t *testing.T) {
 // the gateway's MAC) and releases, no DHCP frame leaves the pod through
 // the main plugin's veth: the node side of it sees none.
 func TestNoDHCPLeak(t *testing.T) {
-	requireTool(t, "udhcpc")
+	skeintest.RequireTool(t, "udhcpc")
 	e := newEnv(t)
 	l := e.skeinChain(t, "vm-leak", "1.1.0", nil)
 	p := e.mustAddVM(t, l, "leak")
@@ -205,8 +205,7 @@ func TestNoDHCPLeak(t *testing.T) {
 	defer unix.Close(fd)
 
 	vmNS, ifName := p.vmSide(t)
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(udhcpcScript, dir))
+	dir, script := clientScript(t, udhcpcScript)
 	cmd := startIn(t, vmNS, "udhcpc", "-f", "-R", "-i", ifName, "-s", script, "-t", "10", "-T", "1")
 	if !waitEvent(t, dir, "bound", 15*time.Second) {
 		t.Fatal("no lease")

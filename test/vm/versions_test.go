@@ -25,7 +25,7 @@ import (
 // VM's MAC from the handover socket, as it always does); the VM stand-in
 // leases the pod's address; DEL gives everything back.
 func TestLegacyVersions(t *testing.T) {
-	requireTool(t, "udhcpc")
+	skeintest.RequireTool(t, "udhcpc")
 	e := newEnv(t)
 	for _, v := range []string{"0.1.0", "0.2.0", "none"} {
 		t.Run(v, func(t *testing.T) {
