@@ -341,15 +341,11 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 			return a, nil
 		}
 	}
-	// Every owned block is full for this family: claim another one that
-	// intersects within (if given).
-	var blk store.Block
-	var err error
-	if len(within) == 0 {
-		blk, err = m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), nil, nil)
-	} else {
-		blk, err = m.claimWithin(ctx, ps, ps.geo.blockRanges(within, v6))
-	}
+	// Every owned block is full for this family: claim another one with
+	// an address to hand out (not every one reserved; in within, if
+	// given). A block with none is never claimed: it would fail this
+	// request and, claimed, be skipped forever after.
+	blk, err := m.claimWithin(ctx, ps, ps.geo.usableBlocks(within, v6))
 	if errors.Is(err, store.ErrExhausted) {
 		return netip.Addr{}, fmt.Errorf("%w in pool %q", ErrExhausted, ps.def.Name)
 	}
@@ -369,6 +365,7 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 // filter would test every index from 0 (2^32 of them in an IPv6 /64 pool),
 // so the free index is found here from the claimed blocks and asked for by
 // number; losing it to another node's claim meanwhile means trying again.
+// store.ErrExhausted when ranges hold no free block.
 func (m *Manager) claimWithin(ctx context.Context, ps *poolState, ranges []indexRange) (store.Block, error) {
 	const attempts = 5
 	for range attempts {
