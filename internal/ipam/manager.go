@@ -29,10 +29,11 @@ type Options struct {
 	Store store.Store
 	// Node is this node's name; blocks are claimed under it. Required.
 	Node string
-	// OnBlocksChanged, if set, is called after this node claims a block,
-	// so the route export can follow. It is called with no lock of the
-	// Manager held (it may call OwnedBlocks), on the goroutine that
-	// claimed the block, which waits for it: it should return quickly.
+	// OnBlocksChanged, if set, is called after the blocks this node owns
+	// change — it claims a block, or a pool it may own blocks of is
+	// deleted — so the route export can follow. It is called with no lock
+	// of the Manager held (it may call OwnedBlocks), on the goroutine that
+	// made the change, which waits for it: it should return quickly.
 	OnBlocksChanged func()
 }
 
@@ -128,8 +129,9 @@ func (m *Manager) CreatePool(ctx context.Context, p store.Pool) (store.Pool, err
 	return p, err
 }
 
-// DeletePool deletes a pool no attachment holds. The error names the
-// holders otherwise.
+// DeletePool deletes a pool no attachment holds, with its blocks, and
+// reports the change through OnBlocksChanged (the export must stop
+// announcing them). The error names the holders otherwise.
 func (m *Manager) DeletePool(ctx context.Context, name string) error {
 	err := m.st.DeletePool(ctx, name, func(holders []store.Attachment) error {
 		if len(holders) == 0 {
@@ -149,12 +151,14 @@ func (m *Manager) DeletePool(ctx context.Context, name string) error {
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: %q", ErrPoolNotFound, name)
 	}
-	if err == nil {
-		m.mu.Lock()
-		delete(m.pools, name)
-		m.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return err
+	m.mu.Lock()
+	delete(m.pools, name)
+	m.mu.Unlock()
+	m.changed()
+	return nil
 }
 
 // pool returns the in-memory state of a pool, loading it on first use.

@@ -748,3 +748,40 @@ func TestReservedBlocksNotClaimed(t *testing.T) {
 		t.Fatalf("all reserved: blocks claimed %v", bs)
 	}
 }
+
+// TestDeletePoolReports: deleting a pool whose blocks this node owns
+// reports the change, and OwnedBlocks (what the export follows) no longer
+// lists them when the callback runs.
+func TestDeletePoolReports(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	var m *Manager
+	var seen [][]netip.Prefix
+	m, err := NewManager(Options{Store: st, Node: "n1", OnBlocksChanged: func() { seen = append(seen, m.OwnedBlocks()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createPool(t, m, "p", []string{"10.0.0.0/24"}, 0)
+	createPool(t, m, "q", []string{"10.1.0.0/24"}, 0)
+	mustAllocate(t, m, Request{Pool: "p"})
+	a := mustAllocate(t, m, Request{Pool: "q"})
+	m.Release(ctx, "q", a)
+	seen = nil
+	if err := m.DeletePool(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 {
+		t.Fatalf("DeletePool reported %d changes, want 1", len(seen))
+	}
+	if want := prefixes("10.0.0.0/27"); !slices.Equal(seen[0], want) {
+		t.Fatalf("OwnedBlocks after DeletePool = %v, want %v", seen[0], want)
+	}
+	// A refused delete changes nothing and reports nothing.
+	seen = nil
+	if err := m.DeletePool(ctx, "nope"); !errors.Is(err, ErrPoolNotFound) {
+		t.Fatalf("unknown pool: %v", err)
+	}
+	if len(seen) != 0 {
+		t.Fatalf("a failed DeletePool reported %d changes", len(seen))
+	}
+}

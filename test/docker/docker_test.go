@@ -160,7 +160,7 @@ func TestNetworks(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
 	e.network(t, "tiny", "--subnet", "10.96.0.0/30") // .1 and .2 usable
-	base := nodeState(t, e.node)
+	base := nodeState(t, e.sk)
 	n := len(e.dockerAttachments(t))
 	pools := e.pools(t)
 	create := func(flags ...string) []string {
@@ -191,7 +191,7 @@ func TestBadInput(t *testing.T) {
 	if got := e.pools(t); !slices.Equal(got, pools) {
 		t.Errorf("failed requests changed the pools: %v, now %v", pools, got)
 	}
-	harness.AssertSame(t, base, nodeState(t, e.node))
+	harness.AssertSame(t, base, nodeState(t, e.sk))
 	e.mustDocker(t, "network", "rm", "tiny")
 	e.assertClean(t)
 }

@@ -163,11 +163,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 				c.setup(t)
 			}
 			ns := harness.NewNS(t, "pod")
-			before, attsBefore, usedBefore := nodeState(t, e.d.Node), attKeys(e.d.Attachments(t)), e.poolUsed(t, "tiny")
+			before, attsBefore, usedBefore := nodeState(t, e.d), attKeys(e.d.Attachments(t)), e.poolUsed(t, "tiny")
 
 			wantCode(t, "ADD with "+c.name, c.run(t, ns), c.code)
 
-			harness.AssertSame(t, before, nodeState(t, e.d.Node))
+			harness.AssertSame(t, before, nodeState(t, e.d))
 			if after := attKeys(e.d.Attachments(t)); !slices.Equal(attsBefore, after) {
 				t.Errorf("a refused ADD must not change skeind's attachments: before %v, after %v", attsBefore, after)
 			}
