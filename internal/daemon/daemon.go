@@ -53,6 +53,12 @@ type Config struct {
 	Pools []PoolSpec `json:"pools,omitempty"`
 	// Logger; nil = slog.Default().
 	Logger *slog.Logger `json:"-"`
+	// Store, if set, is used instead of the embedded store under
+	// StateDir; the daemon closes it. (Unit tests pass a fake.)
+	Store store.Store `json:"-"`
+	// Kernel, if set, is used instead of a dataplane.Dataplane built from
+	// Dataplane; the daemon closes it. (Unit tests pass a fake.)
+	Kernel Kernel `json:"-"`
 }
 
 // Defaults.
@@ -68,7 +74,7 @@ type Daemon struct {
 	log      *slog.Logger
 	st       store.Store
 	ipam     *ipam.Manager
-	dp       *dataplane.Dataplane
+	dp       Kernel
 	dpConfig dataplane.Config
 	locks    keyLocks
 	metrics  *metrics
@@ -116,9 +122,11 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), exportKick: make(chan struct{}, 1), done: make(chan struct{})}
 	d.metrics = newMetrics(d)
 
-	st, err := store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{})
-	if err != nil {
-		return nil, err
+	st := cfg.Store
+	if st == nil {
+		if st, err = store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{}); err != nil {
+			return nil, err
+		}
 	}
 	d.st = st
 	defer func() {
@@ -130,9 +138,11 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dp, err := dataplane.New(cfg.Dataplane)
-	if err != nil {
-		return nil, fmt.Errorf("dataplane: %w", err)
+	dp := cfg.Kernel
+	if dp == nil {
+		if dp, err = dataplane.New(cfg.Dataplane); err != nil {
+			return nil, fmt.Errorf("dataplane: %w", err)
+		}
 	}
 	d.dp = dp
 	d.dpConfig = dp.Config()
@@ -171,7 +181,7 @@ func (d *Daemon) OnStop(f func()) { d.onStop = append(d.onStop, f) }
 func (d *Daemon) Logger() *slog.Logger { return d.log }
 
 // Dataplane is the kernel programming layer, for front doors.
-func (d *Daemon) Dataplane() *dataplane.Dataplane { return d.dp }
+func (d *Daemon) Dataplane() Kernel { return d.dp }
 
 // Node is this node's name.
 func (d *Daemon) Node() string { return d.cfg.Node }
