@@ -128,6 +128,13 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 			undoFailed = true
 			d.log.Error("undo setup after store failure; its addresses stay held", "key", r.Key, "err", terr)
 		}
+	case errors.Is(setupErr, dataplane.ErrUndoFailed):
+		// The kernel may still route the addresses to a link Setup could
+		// not delete: they stay held, and so does the record (if it was
+		// written), so that the DEL the runtime sends after a failed ADD
+		// tears the link down and only then frees them.
+		undoFailed = true
+		d.log.Error("setup failed and so did its undo; the addresses stay held until DEL", "key", r.Key, "err", setupErr)
 	case storeErr == nil:
 		if derr := d.st.DeleteAttachment(bg, r.Key); derr != nil {
 			undoFailed = true

@@ -3,8 +3,14 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+
+	"github.com/skeinnet/skein/internal/dataplane"
 )
+
+// errUndo is a Setup failure whose undo failed too.
+var errUndo = fmt.Errorf("set alias: %w (undo: delete: %w)", errBoom, dataplane.ErrUndoFailed)
 
 // TestAttachDetach: the happy path leaves one record, one link and the
 // addresses held; Detach undoes all three and is idempotent.
@@ -46,20 +52,27 @@ func TestAttachFailures(t *testing.T) {
 		name string
 		// put, del: store failures; setup, teardown: kernel failures.
 		put, del, setup, teardown error
-		wantRecord, wantLink      bool
-		wantUsed                  uint64
+		// setupLeaves: the failed Setup could not undo itself.
+		setupLeaves          bool
+		wantRecord, wantLink bool
+		wantUsed             uint64
 	}{
 		{name: "kernel ok, store failed", put: errBoom},
 		{name: "store ok, kernel failed", setup: errBoom},
 		{name: "store failed, kernel failed", put: errBoom, setup: errBoom},
 		{name: "kernel ok, store failed, teardown failed", put: errBoom, teardown: errBoom, wantLink: true, wantUsed: 2},
 		{name: "store ok, kernel failed, record delete failed", setup: errBoom, del: errBoom, wantRecord: true, wantUsed: 2},
+		// A Setup whose own undo failed leaves a link routing the
+		// addresses: they stay held, with the record DEL needs.
+		{name: "store ok, kernel failed, its undo failed", setup: errUndo, setupLeaves: true, wantRecord: true, wantLink: true, wantUsed: 2},
+		{name: "store failed, kernel failed, its undo failed", put: errBoom, setup: errUndo, setupLeaves: true, wantLink: true, wantUsed: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newTestNode(t, Config{})
 			n.st.fail(tt.put, tt.del)
 			n.kernel.fail(tt.setup, tt.teardown)
+			n.kernel.setupLeaves = tt.setupLeaves
 			_, _, err := n.d.Attach(ctx, attachReq("c1"))
 			if !errors.Is(err, errBoom) {
 				t.Fatalf("Attach: %v, want the injected failure", err)

@@ -10,12 +10,13 @@ import (
 // dataplane (*dataplane.Dataplane in production; a fake in unit tests).
 // Every call is synchronous and safe for concurrent use. Errors are
 // dataplane errors: callers branch with errors.Is on the dataplane
-// sentinels (ErrLinkExists, ErrNotOwned, …).
+// sentinels (ErrLinkExists, ErrNotOwned, ErrUndoFailed, …).
 type Kernel interface {
 	// Init programs the node's base state (rules, gateway route,
 	// forwarding); safe to repeat.
 	Init() error
-	// Setup plumbs one attachment, all or nothing.
+	// Setup plumbs one attachment, all or nothing; a failure whose undo
+	// also failed wraps dataplane.ErrUndoFailed (the link may remain).
 	Setup(dataplane.Link) (dataplane.Applied, error)
 	// SetupPair plumbs a pair with both ends in the node (Docker).
 	SetupPair(dataplane.Pair) (dataplane.Applied, error)
