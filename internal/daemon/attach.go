@@ -121,7 +121,6 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 
 	switch {
 	case setupErr == nil && storeErr == nil:
-		d.metrics.attachments.Inc()
 		return a, ap, nil
 	case setupErr == nil:
 		if terr := d.dp.Teardown(a.HostLink, "", "", addrs); terr != nil {
@@ -186,7 +185,8 @@ func (d *Daemon) detachLocked(ctx context.Context, k store.AttachmentKey, netnsH
 	if err := d.st.DeleteAttachment(ctx, k); err != nil {
 		return true, fmt.Errorf("delete record of %s: %w", k, err)
 	}
-	d.ipam.Release(ctx, a.Pool, a.Addrs)
-	d.metrics.attachments.Dec()
+	if !a.Borrowed {
+		d.ipam.Release(ctx, a.Pool, a.Addrs)
+	}
 	return true, nil
 }

@@ -2,17 +2,24 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"time"
 
+	"github.com/skeinnet/skein/internal/ipam"
 	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/internal/store"
 )
 
 // reconcile rebuilds skeind's view on start and removes leftovers it can
 // prove are its own:
 //
-//  1. every stored attachment's addresses are marked used again (the store
-//     is written before the kernel, so it covers everything plumbed);
+//  1. every stored attachment's addresses are marked used again, from the
+//     record that owns them (a Borrowed record, such as a Docker
+//     endpoint, routes addresses its lease owns: it is restored after the
+//     owners, and holds only what no owner did);
 //  2. host links skein owns (tagged, or untagged but named like skein's:
 //     an ADD cut short before tagging) that no attachment claims are
 //     leftovers of an interrupted ADD or DEL: they are deleted; claimed
@@ -40,6 +47,16 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		links[f.HostName] = true
 		untagged[f.HostName] = f.Alias == ""
 	}
+	// Owners first, so that a borrower finds its addresses held.
+	slices.SortStableFunc(atts, func(a, b store.Attachment) int {
+		switch {
+		case a.Borrowed == b.Borrowed:
+			return 0
+		case b.Borrowed:
+			return -1
+		}
+		return 1
+	})
 	claimed := map[string]bool{}
 	var restored, released, removed int
 	for _, a := range atts {
@@ -55,16 +72,16 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		// a live pod must not lose its interface because, say, the node
 		// was renamed and its blocks cannot be claimed.
 		claimed[a.HostLink] = true
-		if err := d.ipam.Restore(ctx, a.Pool, a.Addrs); err != nil {
-			d.log.Error("reconcile: cannot restore addresses", "key", a.AttachmentKey, "addrs", a.Addrs, "err", err)
-			continue
-		}
-		restored++
 		if untagged[a.HostLink] {
 			if err := d.dp.Retag(a.HostLink, d.aliasFor(a.AttachmentKey)); err != nil {
 				d.log.Error("reconcile: retag host link", "link", a.HostLink, "err", err)
 			}
 		}
+		if err := d.restore(ctx, a); err != nil {
+			d.log.Error("reconcile: cannot restore addresses", "key", a.AttachmentKey, "addrs", a.Addrs, "err", err)
+			continue
+		}
+		restored++
 	}
 	for _, f := range found {
 		if claimed[f.HostName] {
@@ -77,8 +94,33 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		}
 		removed++
 	}
-	d.metrics.attachments.Set(float64(restored))
 	d.exportBlocks()
 	d.log.Info("reconciled", "attachments", restored, "released", released, "leftoverLinks", removed, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// restore marks a's addresses used again. An owner's address found held
+// already is an error (two records claim it). A borrower's addresses are
+// normally held by their owner already; one that is not (its lease is
+// gone, but a link still routes it) is held too, so it is not handed out
+// while routed, and stays held until the next start.
+func (d *Daemon) restore(ctx context.Context, a store.Attachment) error {
+	err := d.ipam.Restore(ctx, a.Pool, a.Addrs)
+	if !a.Borrowed {
+		return err
+	}
+	var dup *ipam.DupError
+	if !errors.As(err, &dup) {
+		return err
+	}
+	var orphans []netip.Addr
+	for _, ad := range a.Addrs {
+		if !slices.Contains(dup.Addrs, ad.Unmap()) {
+			orphans = append(orphans, ad)
+		}
+	}
+	if len(orphans) > 0 {
+		d.log.Warn("reconcile: no record owns addresses this link routes; holding them", "key", a.AttachmentKey, "addrs", orphans)
+	}
 	return nil
 }

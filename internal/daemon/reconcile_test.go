@@ -2,10 +2,14 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/store"
 )
 
 // TestReconcile: after a restart every recorded address is held again,
@@ -76,5 +80,72 @@ func TestReconcileReleasesVanished(t *testing.T) {
 	}
 	if len(n.records()) != 0 || n.used("p") != 0 {
 		t.Fatalf("vanished attachment kept: records %v, used %d", n.records(), n.used("p"))
+	}
+}
+
+// gauge reads skein_attachments as a scrape would.
+func (n *testNode) gauge() float64 {
+	n.t.Helper()
+	mfs, err := n.d.metrics.reg.Gather()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "skein_attachments" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	n.t.Fatal("no skein_attachments metric")
+	return 0
+}
+
+// TestReconcileDockerEndpoint: a Docker endpoint routes addresses its IPAM
+// lease owns. A restart restores each address once (no "restored twice"
+// error), retags the endpoint's link if it lost its tag, and counts the
+// endpoint (not the lease) in skein_attachments. An endpoint whose lease is
+// gone still keeps its routed addresses from being handed out.
+func TestReconcileDockerEndpoint(t *testing.T) {
+	ctx := context.Background()
+	n := newTestNode(t, Config{})
+	addrs, err := n.d.ipam.Allocate(ctx, ipam.Request{Pool: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := store.Attachment{AttachmentKey: store.AttachmentKey{Network: "docker-ipam:pool1", ContainerID: addrs[0].String(), IfName: "ipam"},
+		Pool: "p", Addrs: addrs, Owner: "docker"}
+	ep := store.Attachment{AttachmentKey: store.AttachmentKey{Network: "docker:net1", ContainerID: "ep1", IfName: "eth"},
+		Pool: "p", Addrs: addrs, HostLink: "skdockerep1", Owner: "docker", Borrowed: true}
+	orphan := store.Attachment{AttachmentKey: store.AttachmentKey{Network: "docker:net1", ContainerID: "ep2", IfName: "eth"},
+		Pool: "p", Addrs: []netip.Addr{netip.MustParseAddr("10.0.0.200")}, HostLink: "skdockerep2", Owner: "docker", Borrowed: true}
+	for _, a := range []store.Attachment{lease, ep, orphan} {
+		if err := n.st.PutAttachment(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.kernel.addLink(ep.HostLink, "", addrs...) // lost its tag
+	n.kernel.addLink(orphan.HostLink, n.d.aliasFor(orphan.AttachmentKey), orphan.Addrs...)
+
+	for i := range 2 {
+		if err := n.restart(); err != nil {
+			t.Fatal(err)
+		}
+		if log := n.log.String(); strings.Contains(log, "level=ERROR") {
+			t.Fatalf("restart %d: reconcile logged errors:\n%s", i+1, log)
+		}
+		if l, _ := n.kernel.link(ep.HostLink); l.alias != n.d.aliasFor(ep.AttachmentKey) {
+			t.Errorf("restart %d: endpoint link not retagged: alias %q", i+1, l.alias)
+		}
+		if got := n.used("p"); got != uint64(len(addrs))+1 {
+			t.Errorf("restart %d: %d addresses held, want %d (the lease's and the orphan endpoint's)", i+1, got, len(addrs)+1)
+		}
+		if g := n.gauge(); g != 2 {
+			t.Errorf("restart %d: skein_attachments = %v, want 2 (the endpoints, not the lease)", i+1, g)
+		}
+	}
+	// The addresses are the lease's: handing them out again must fail.
+	for _, ad := range append(addrs, orphan.Addrs...) {
+		if _, err := n.d.ipam.Allocate(ctx, ipam.Request{Pool: "p", Static: []netip.Addr{ad}}); !errors.Is(err, ipam.ErrInUse) {
+			t.Errorf("static %v after restart: %v, want ErrInUse", ad, err)
+		}
 	}
 }

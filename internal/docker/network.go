@@ -314,6 +314,7 @@ func (d *Driver) createEndpoint(ctx context.Context, r *createEndpointRequest) (
 		HostLink:      host,
 		ContainerMAC:  mac.String(),
 		Owner:         Owner,
+		Borrowed:      true, // the leases own the addresses
 		Created:       time.Now().UTC(),
 		Extra:         extra,
 	}

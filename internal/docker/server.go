@@ -97,7 +97,31 @@ func New(o Options) (*Driver, error) {
 		o.Logger = slog.Default()
 	}
 	cfg := o.Dataplane.Config()
-	return &Driver{o: o, log: o.Logger, gw4: cfg.GatewayV4, gw6: cfg.GatewayV6}, nil
+	d := &Driver{o: o, log: o.Logger, gw4: cfg.GatewayV4, gw6: cfg.GatewayV6}
+	if err := d.markBorrowed(context.Background()); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// markBorrowed marks endpoint records written before store.Attachment had
+// Borrowed: their addresses are their leases'. (Until it runs once, the
+// daemon's start reports such addresses as restored twice.)
+func (d *Driver) markBorrowed(ctx context.Context) error {
+	atts, err := d.o.Store.ListAttachments(ctx)
+	if err != nil {
+		return fmt.Errorf("docker: list attachments: %w", err)
+	}
+	for _, a := range atts {
+		if a.Owner != Owner || a.HostLink == "" || a.Borrowed {
+			continue
+		}
+		a.Borrowed = true
+		if err := d.o.Store.UpdateAttachment(ctx, a); err != nil {
+			return fmt.Errorf("docker: mark endpoint %s as borrowing its addresses: %w", a.AttachmentKey, err)
+		}
+	}
+	return nil
 }
 
 // method is one endpoint: newReq makes the request to decode into (nil:

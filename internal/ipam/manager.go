@@ -505,7 +505,8 @@ func (m *Manager) Release(ctx context.Context, pool string, addrs []netip.Addr) 
 }
 
 // Restore marks addresses of an existing attachment used, on start. The
-// block must be this node's (claimed for it if free).
+// block must be this node's (claimed for it if free). Addresses held
+// already give a *DupError once the others are restored.
 func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) error {
 	ps, err := m.pool(ctx, pool)
 	if err != nil {
@@ -544,10 +545,22 @@ func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) 
 		}
 	}
 	if len(dup) > 0 {
-		return fmt.Errorf("%w: %v restored twice (two records hold it)", ErrInUse, dup)
+		return &DupError{Addrs: dup}
 	}
 	return nil
 }
+
+// DupError is Restore's error for addresses that were held already; it
+// wraps ErrInUse. The other addresses of the call were restored.
+type DupError struct {
+	Addrs []netip.Addr
+}
+
+func (e *DupError) Error() string {
+	return fmt.Sprintf("%v: %v restored twice (two records hold it)", ErrInUse, e.Addrs)
+}
+
+func (e *DupError) Unwrap() error { return ErrInUse }
 
 // Usage describes a pool's use on this node.
 type Usage struct {
