@@ -40,13 +40,10 @@ func HostLinkName(k store.AttachmentKey) string {
 	return dataplane.HostNamePrefix + hex.EncodeToString(h[:6])
 }
 
-// aliasFor is the ownership tag written on the host veth.
+// aliasFor is the ownership tag written on the host veth (the Docker
+// front door tags its endpoints the same way, so reconcile can retag them).
 func (d *Daemon) aliasFor(k store.AttachmentKey) string {
-	s := d.dpConfig.AliasPrefix + k.Network + ":" + k.ContainerID + ":" + k.IfName
-	if len(s) > 250 {
-		s = s[:250]
-	}
-	return s
+	return dataplane.AttachmentAlias(d.dpConfig.AliasPrefix, k.Network, k.ContainerID, k.IfName)
 }
 
 func randomMAC() string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/skeinnet/skein/internal/dataplane"
@@ -137,5 +138,29 @@ func TestDetachFailures(t *testing.T) {
 				t.Fatalf("after the retry: records %d, used %d, links %v", len(n.records()), n.used("p"), n.kernel.linkNames())
 			}
 		})
+	}
+}
+
+// TestLongContainerIDs: CNI allows container IDs of 256 bytes. Two that
+// differ only at the end get host links tagged differently, each tag
+// within the kernel's limit and ending with the interface name.
+func TestLongContainerIDs(t *testing.T) {
+	ctx := context.Background()
+	n := newTestNode(t, Config{})
+	seen := map[string]bool{}
+	for _, last := range []string{"1", "2"} {
+		r := attachReq(strings.Repeat("c", 255) + last)
+		a, _, err := n.d.Attach(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, _ := n.kernel.link(a.HostLink)
+		if len(l.alias) > dataplane.MaxAliasLen || !strings.HasSuffix(l.alias, ":eth0") || !strings.HasPrefix(l.alias, "skein:net:ccc") {
+			t.Errorf("alias %q (%d bytes)", l.alias, len(l.alias))
+		}
+		seen[l.alias] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("two attachments share the alias %v", seen)
 	}
 }

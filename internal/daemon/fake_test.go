@@ -61,6 +61,9 @@ func (k *fakeKernel) Setup(l dataplane.Link) (dataplane.Applied, error) {
 	if _, ok := k.links[l.HostName]; ok {
 		return dataplane.Applied{}, fmt.Errorf("host veth %q: %w", l.HostName, dataplane.ErrLinkExists)
 	}
+	if !strings.HasPrefix(l.Alias, k.cfg.AliasPrefix) || len(l.Alias) > dataplane.MaxAliasLen {
+		return dataplane.Applied{}, fmt.Errorf("alias %q does not fit: %w", l.Alias, dataplane.ErrInvalid)
+	}
 	if k.setupErr != nil {
 		if k.setupLeaves {
 			k.links[l.HostName] = fakeLink{alias: l.Alias, netns: l.NetNS, addrs: l.Addrs}

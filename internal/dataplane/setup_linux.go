@@ -213,8 +213,8 @@ func (d *Dataplane) validateLink(l Link) (v4, v6 bool, mtu int, err error) {
 	if err := validIfName("interface name", l.IfName); err != nil {
 		return false, false, 0, err
 	}
-	if !strings.HasPrefix(l.Alias, d.cfg.AliasPrefix) || len(l.Alias) > 255 {
-		return false, false, 0, fmt.Errorf("alias %q must start with %q and fit 255 bytes: %w", l.Alias, d.cfg.AliasPrefix, ErrInvalid)
+	if !strings.HasPrefix(l.Alias, d.cfg.AliasPrefix) || len(l.Alias) > MaxAliasLen {
+		return false, false, 0, fmt.Errorf("alias %q must start with %q and fit %d bytes: %w", l.Alias, d.cfg.AliasPrefix, MaxAliasLen, ErrInvalid)
 	}
 	if l.NetNS == "" {
 		return false, false, 0, fmt.Errorf("no pod netns: %w", ErrInvalid)

@@ -33,6 +33,9 @@ func (f *fakePlumber) SetupPair(p dataplane.Pair) (dataplane.Applied, error) {
 	if f.fail != nil {
 		return dataplane.Applied{}, f.fail
 	}
+	if !strings.HasPrefix(p.Alias, f.Config().AliasPrefix) || len(p.Alias) > dataplane.MaxAliasLen {
+		return dataplane.Applied{}, fmt.Errorf("alias %q does not fit: %w", p.Alias, dataplane.ErrInvalid)
+	}
 	f.links[p.HostName] = p
 	return dataplane.Applied{}, nil
 }
@@ -415,5 +418,30 @@ func TestMarkBorrowed(t *testing.T) {
 		if err != nil || a.Borrowed != want {
 			t.Errorf("%s: borrowed %v (err %v), want %v", old[i].AttachmentKey, a.Borrowed, err, want)
 		}
+	}
+}
+
+// TestLongIDs: Docker does not bound network and endpoint IDs; an endpoint
+// with long ones still gets a host link whose tag fits the kernel's alias
+// limit and names it.
+func TestLongIDs(t *testing.T) {
+	e := newTenv(t)
+	id := strings.Repeat("d", 200)
+	pids := e.createNetwork(t, id, "10.90.0.0/24", "", "", nil)
+	a4 := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]})["Address"].(string)
+	for _, ep := range []string{strings.Repeat("e", 300) + "1", strings.Repeat("e", 300) + "2"} {
+		e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: id, EndpointID: ep, Interface: &endpointInterface{Address: a4}})
+	}
+	e.dp.mu.Lock()
+	defer e.dp.mu.Unlock()
+	aliases := map[string]bool{}
+	for _, p := range e.dp.links {
+		if len(p.Alias) > dataplane.MaxAliasLen || !strings.HasPrefix(p.Alias, "skein:docker:ddd") || !strings.HasSuffix(p.Alias, ":eth") {
+			t.Errorf("alias %q (%d bytes)", p.Alias, len(p.Alias))
+		}
+		aliases[p.Alias] = true
+	}
+	if len(aliases) != 2 {
+		t.Errorf("two endpoints, %d distinct aliases: %v", len(aliases), aliases)
 	}
 }
