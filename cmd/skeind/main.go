@@ -71,6 +71,7 @@ func newCommand() *cobra.Command {
 			set("rule-priority", func() { final.Dataplane.RulePriority = cfg.Dataplane.RulePriority })
 			set("node-forwarding", func() { final.Dataplane.NodeForwarding = cfg.Dataplane.NodeForwarding })
 			set("node-netns", func() { final.Dataplane.NodeNetNS = cfg.Dataplane.NodeNetNS })
+			final.ReconcileForce = cfg.ReconcileForce // a flag only
 			for name, s := range map[string]struct {
 				v   string
 				dst *netip.Addr
@@ -130,6 +131,7 @@ func newCommand() *cobra.Command {
 	f.StringSliceVar(&defaultPool, "default-pool", nil, "create the \"default\" pool with these subnets if it does not exist (e.g. 10.64.0.0/16,fd00:64::/112)")
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
+	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

@@ -51,6 +51,10 @@ type Config struct {
 	Dataplane dataplane.Config `json:"dataplane"`
 	// Pools are created at start when absent.
 	Pools []PoolSpec `json:"pools,omitempty"`
+	// ReconcileForce lets the start-up reconcile delete host links the
+	// store cannot account for (see ErrStoreMismatch); false refuses to
+	// start instead. A one-off flag, never read from a config file.
+	ReconcileForce bool `json:"-"`
 	// Logger; nil = slog.Default().
 	Logger *slog.Logger `json:"-"`
 	// Store, if set, is used instead of the embedded store under

@@ -3,7 +3,10 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,7 +32,8 @@ func TestReconcile(t *testing.T) {
 	// c2's link lost its tag (an ADD cut short before tagging); a link
 	// of an ADD whose record never became durable is left over.
 	n.kernel.addLink(b.HostLink, "", b.Addrs...)
-	n.kernel.addLink("skleftover", "skein:net:gone:eth0", netip.MustParseAddr("10.0.0.99"))
+	// Its address is in a block the node owns: it was allocated first.
+	n.kernel.addLink("skleftover", "skein:net:gone:eth0", netip.MustParseAddr("10.0.0.20"))
 
 	if err := n.restart(); err != nil {
 		t.Fatal(err)
@@ -147,5 +151,85 @@ func TestReconcileDockerEndpoint(t *testing.T) {
 		if _, err := n.d.ipam.Allocate(ctx, ipam.Request{Pool: "p", Static: []netip.Addr{ad}}); !errors.Is(err, ipam.ErrInUse) {
 			t.Errorf("static %v after restart: %v, want ErrInUse", ad, err)
 		}
+	}
+}
+
+// TestReconcileRefusesUnknownStore: skeind started on an empty store (the
+// state directory moved or deleted) or on a copy older than the kernel must
+// not delete the running attachments' links as leftovers: it refuses to
+// start, says why and how to override, and deletes no link;
+// ReconcileForce deletes them.
+func TestReconcileRefusesUnknownStore(t *testing.T) {
+	ctx := context.Background()
+	// Blocks of two addresses, so each attachment claims its own block.
+	n := newTestNode(t, Config{Pools: []PoolSpec{{Name: "p", Subnets: []string{"10.0.0.0/24", "fd00::/120"}, BlockSizeBits: 1}}})
+	if _, _, err := n.d.Attach(ctx, attachReq("c1")); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of the store as it was with c1 alone.
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	n.d.Close()
+	n.d = nil
+	copyFile(t, n.path, backup)
+	if err := n.start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"c2", "c3"} {
+		if _, _, err := n.d.Attach(ctx, attachReq(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	links := n.kernel.linkNames()
+	right := n.path
+
+	for _, tt := range []struct {
+		name, path string
+		links      int
+	}{
+		{"an empty store (the pool comes back from the configuration)", filepath.Join(t.TempDir(), "moved.db"), 3},
+		{"a copy from before c2 and c3", backup, 2},
+	} {
+		n.path = tt.path
+		err := n.restart()
+		if !errors.Is(err, ErrStoreMismatch) || !strings.Contains(err.Error(), "--reconcile-force") ||
+			!strings.Contains(err.Error(), fmt.Sprintf("%d host link(s)", tt.links)) {
+			t.Fatalf("start on %s: %v, want ErrStoreMismatch naming %d links and --reconcile-force", tt.name, err, tt.links)
+		}
+		if got := n.kernel.linkNames(); !slices.Equal(got, links) {
+			t.Fatalf("start on %s: links after the refusal %v, want %v untouched", tt.name, got, links)
+		}
+		if !strings.Contains(n.log.String(), "level=ERROR") {
+			t.Errorf("start on %s: the refusal was not logged as an error:\n%s", tt.name, n.log.String())
+		}
+	}
+
+	// Back on the right store, nothing was lost.
+	n.path = right
+	if err := n.restart(); err != nil {
+		t.Fatalf("start on the right store: %v", err)
+	}
+	if len(n.records()) != 3 || n.used("p") != 6 || !slices.Equal(n.kernel.linkNames(), links) {
+		t.Fatalf("on the right store: records %d, used %d, links %v", len(n.records()), n.used("p"), n.kernel.linkNames())
+	}
+
+	// Forced, on the empty store: the links go.
+	n.path = filepath.Join(t.TempDir(), "forced.db")
+	n.cfg.ReconcileForce = true
+	if err := n.restart(); err != nil {
+		t.Fatalf("forced start: %v", err)
+	}
+	if got := n.kernel.linkNames(); len(got) != 0 {
+		t.Fatalf("forced start left links %v", got)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
