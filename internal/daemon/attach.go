@@ -65,6 +65,7 @@ func randomMAC() string {
 // was theirs. If it dies after the record but before plumbing, the record
 // holds the address until the runtime's DEL or GC.
 func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachment, ap dataplane.Applied, err error) {
+	defer d.adds.begin(r.Key.String())()
 	unlock := d.locks.lock(r.Key.String())
 	defer unlock()
 
@@ -155,6 +156,30 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 func (d *Daemon) Detach(ctx context.Context, k store.AttachmentKey, netnsHint string) (found bool, err error) {
 	unlock := d.locks.lock(k.String())
 	defer unlock()
+	return d.detachLocked(ctx, k, netnsHint)
+}
+
+// Collect removes the attachment of key k for GC, unless it is not
+// garbage from the point of view of a GC request that started at since:
+// an ADD of k is running (busy: the keys running when the request
+// started), or the record was created at or after since (an ADD the
+// runtime could not have listed). removed reports whether it went.
+func (d *Daemon) Collect(ctx context.Context, k store.AttachmentKey, netnsHint string, since time.Time, busy map[string]bool) (removed bool, err error) {
+	if busy[k.String()] {
+		return false, nil
+	}
+	unlock := d.locks.lock(k.String())
+	defer unlock()
+	a, err := d.st.GetAttachment(ctx, k)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil // DEL was first
+	}
+	if err != nil {
+		return false, err
+	}
+	if !a.Created.Before(since) {
+		return false, nil
+	}
 	return d.detachLocked(ctx, k, netnsHint)
 }
 

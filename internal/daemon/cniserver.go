@@ -249,8 +249,12 @@ func (s *cniServer) GC(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply,
 }
 
 // gc removes every CNI attachment of this network that the runtime does not
-// list in cni.dev/valid-attachments.
+// list in cni.dev/valid-attachments — as of when the request started: an
+// ADD still running then, or one begun since, is not in the runtime's list
+// but is not garbage either (Daemon.Collect).
 func (s *cniServer) gc(ctx context.Context, req *rpc.CNIRequest) error {
+	since := time.Now()
+	busy := s.d.adds.snapshot()
 	conf, err := cni.Parse(req.Netconf)
 	if err != nil {
 		return err
@@ -272,9 +276,11 @@ func (s *cniServer) gc(ctx context.Context, req *rpc.CNIRequest) error {
 		if netns.IsNetNS(nsPath) != nil {
 			nsPath = ""
 		}
-		s.d.log.Info("gc: removing stale attachment", "key", a.AttachmentKey, "addrs", a.Addrs)
-		if _, err := s.d.Detach(ctx, a.AttachmentKey, nsPath); err != nil {
+		removed, err := s.d.Collect(ctx, a.AttachmentKey, nsPath, since, busy)
+		if err != nil {
 			errs = append(errs, err)
+		} else if removed {
+			s.d.log.Info("gc: removed stale attachment", "key", a.AttachmentKey, "addrs", a.Addrs)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -81,6 +81,7 @@ type Daemon struct {
 	dp       Kernel
 	dpConfig dataplane.Config
 	locks    keyLocks
+	adds     inflight
 	metrics  *metrics
 	started  time.Time
 

@@ -30,6 +30,8 @@ type fakeKernel struct {
 	// Setup whose undo failed does.
 	setupLeaves bool
 	exported    []netip.Prefix
+	// setupHook, if set, runs at the start of every Setup (unlocked).
+	setupHook func()
 }
 
 type fakeLink struct {
@@ -56,6 +58,12 @@ func newFakeKernel() *fakeKernel {
 func (k *fakeKernel) Init() error { return nil }
 
 func (k *fakeKernel) Setup(l dataplane.Link) (dataplane.Applied, error) {
+	k.mu.Lock()
+	hook := k.setupHook
+	k.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if _, ok := k.links[l.HostName]; ok {
@@ -164,6 +172,18 @@ type faultyStore struct {
 	store.Store
 	mu                sync.Mutex
 	putErr, deleteErr error
+	// onList, if set, runs before ListAttachments reads.
+	onList func()
+}
+
+func (s *faultyStore) ListAttachments(ctx context.Context) ([]store.Attachment, error) {
+	s.mu.Lock()
+	hook := s.onList
+	s.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return s.Store.ListAttachments(ctx)
 }
 
 func (s *faultyStore) fail(put, del error) {
