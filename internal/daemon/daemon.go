@@ -23,6 +23,7 @@ import (
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
 	"github.com/skeinnet/skein/internal/store"
+	"github.com/skeinnet/skein/internal/unixsock"
 )
 
 // Version is set at build time.
@@ -237,19 +238,9 @@ func (d *Daemon) IPAM() *ipam.Manager { return d.ipam }
 // ctx ends or Close is called. extra registers more services on the
 // gRPC server (front doors living in other packages).
 func (d *Daemon) Serve(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Dir(d.cfg.Socket), 0o755); err != nil {
-		return fmt.Errorf("socket directory: %w", err)
-	}
-	if err := os.Remove(d.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
-	}
-	l, err := net.Listen("unix", d.cfg.Socket)
+	l, err := unixsock.Listen("unix", d.cfg.Socket) // mode 0600 from the start
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", d.cfg.Socket, err)
-	}
-	if err := os.Chmod(d.cfg.Socket, 0o600); err != nil {
-		l.Close()
-		return fmt.Errorf("chmod socket: %w", err)
+		return err
 	}
 	errc := make(chan error, 2)
 	if d.cfg.MetricsAddr != "off" {
