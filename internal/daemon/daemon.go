@@ -22,6 +22,7 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/unixsock"
 )
@@ -83,8 +84,10 @@ type Daemon struct {
 	dpConfig dataplane.Config
 	locks    keyLocks
 	adds     inflight
-	metrics  *metrics
-	started  time.Time
+	// hostNS: namespaces no pod may be plumbed into (checkPodNetNS).
+	hostNS  map[netns.ID]string
+	metrics *metrics
+	started time.Time
 
 	exportMu   sync.Mutex
 	exportKick chan struct{}
@@ -160,6 +163,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := dp.Init(); err != nil {
 		return nil, fmt.Errorf("dataplane init: %w", err)
 	}
+	d.hostNS = hostNamespaces(d.dpConfig.NodeNetNS, d.log)
 	for _, p := range cfg.Pools {
 		if err := d.ensurePool(ctx, p); err != nil {
 			return nil, err
