@@ -124,7 +124,7 @@ func newCommand() *cobra.Command {
 	f.IntVar(&cfg.Dataplane.PodTable, "pod-table", 116, "routing table of per-pod host routes")
 	f.IntVar(&cfg.Dataplane.ExportTable, "export-table", 119, "routing table of exported block routes")
 	f.IntVar(&cfg.Dataplane.RulePriority, "rule-priority", 2000, "priority of the ip rule that looks up the pod table")
-	f.BoolVar(&cfg.Dataplane.NodeForwarding, "node-forwarding", true, "enable IPv4 and IPv6 forwarding in the node's namespace")
+	f.BoolVar(&cfg.Dataplane.NodeForwarding, "node-forwarding", defaultNodeForwarding, "enable IPv4 and IPv6 forwarding in the node's namespace")
 	f.StringVar(&cfg.Dataplane.NodeNetNS, "node-netns", "", "path of the node's network namespace when skeind runs outside it (tests, tools); empty: skeind's own")
 	f.StringVar(&gw4, "gateway-v4", "169.254.1.1", "IPv4 gateway pods route through")
 	f.StringVar(&gw6, "gateway-v6", "fe80::1", "IPv6 gateway pods route through")
@@ -137,10 +137,20 @@ func newCommand() *cobra.Command {
 	return cmd
 }
 
+// defaultNodeForwarding is skeind's default for --node-forwarding and for
+// a configuration file without dataplane.nodeForwarding: one default
+// whichever way skeind is configured. On: skeind routes for its pods, and
+// IPv6 pod traffic needs node-wide forwarding on kernels before 6.17 (see
+// internal/dataplane). (dataplane.Config's own zero value stays off for
+// other users of the package.)
+const defaultNodeForwarding = true
+
 // loadConfig reads a JSON configuration file; unknown fields are errors, so
-// a misspelt setting is not silently ignored.
+// a misspelt setting is not silently ignored. Settings the file leaves out
+// get skeind's defaults, the same as the flags'.
 func loadConfig(path string) (daemon.Config, error) {
 	var c daemon.Config
+	c.Dataplane.NodeForwarding = defaultNodeForwarding
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return c, fmt.Errorf("config file: %w", err)
