@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -131,6 +132,11 @@ var methods = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "G
 
 func (p Plugin) call(verb string) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
+		if verb == "ADD" || verb == "CHECK" {
+			if err := notOwnNetNS(args.Netns); err != nil {
+				return err
+			}
+		}
 		sock := SocketPath(args.StdinData)
 		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
 		defer cancel()
@@ -186,4 +192,21 @@ func unreachable(verb, sock string, err error) error {
 		code = types.ErrPluginNotAvailable
 	}
 	return types.NewError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
+}
+
+// notOwnNetNS refuses a CNI_NETNS that is the namespace the plugin itself
+// runs in, i.e. the runtime's own (usually the host's): skeind cannot see
+// the caller's namespace, so this check is made here. (skeind refuses the
+// node's, its own and PID 1's.) Two stats, no parsing: the plugin must
+// start fast.
+func notOwnNetNS(path string) error {
+	var pod, self syscall.Stat_t
+	if path == "" || syscall.Stat(path, &pod) != nil || syscall.Stat("/proc/self/ns/net", &self) != nil {
+		return nil // skeind reports a missing or unreadable namespace
+	}
+	if pod.Dev == self.Dev && pod.Ino == self.Ino {
+		return types.NewError(types.ErrInvalidEnvironmentVariables,
+			fmt.Sprintf("CNI_NETNS %q is the network namespace the runtime runs the plugin in, not a pod's: refusing to plumb a pod interface into it", path), "")
+	}
+	return nil
 }

@@ -62,3 +62,20 @@ func TestVersionOf(t *testing.T) {
 		}
 	}
 }
+
+// TestNotOwnNetNS: the plugin refuses its own (the runtime's) namespace,
+// by any path, before calling skeind; other paths are skeind's to judge.
+func TestNotOwnNetNS(t *testing.T) {
+	for _, p := range []string{"/proc/self/ns/net", "/proc/thread-self/ns/net"} {
+		err := notOwnNetNS(p)
+		var e *types.Error
+		if !errors.As(err, &e) || e.Code != types.ErrInvalidEnvironmentVariables {
+			t.Errorf("CNI_NETNS=%s: %v, want error code 4", p, err)
+		}
+	}
+	for _, p := range []string{"", "/nonexistent", "/proc/self/ns/mnt"} {
+		if err := notOwnNetNS(p); err != nil {
+			t.Errorf("CNI_NETNS=%q: %v, want it left to skeind", p, err)
+		}
+	}
+}

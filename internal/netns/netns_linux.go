@@ -209,3 +209,18 @@ func Remove(path string) error {
 	}
 	return nil
 }
+
+// ID identifies a network namespace: the device and inode of the file
+// that names it. Two paths (a pinned file, /proc/<pid>/ns/net) name the
+// same namespace exactly when their IDs are equal.
+type ID struct{ Dev, Ino uint64 }
+
+// IDOf returns the ID of the namespace at path (following symlinks, as
+// opening it would).
+func IDOf(path string) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return ID{}, fmt.Errorf("stat netns %q: %w", path, err)
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
+}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/cni"
-	"github.com/skeinnet/skein/internal/daemon"
 	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
@@ -57,7 +56,7 @@ type record struct {
 // skein-vm plugin calls, the DHCP servers, and the tap handover socket.
 type Service struct {
 	rpc.UnimplementedVMServer
-	d      *daemon.Daemon
+	d      Host
 	st     store.Store
 	log    *slog.Logger
 	tokens tokens
@@ -76,7 +75,7 @@ var _ rpc.VMServer = (*Service)(nil)
 // Register sets the VM front door up in d: it serves DHCP again for every
 // VM attachment the store remembers, listens on the handover socket and
 // registers the gRPC service. It stops with the daemon.
-func Register(ctx context.Context, d *daemon.Daemon, o Options) (*Service, error) {
+func Register(ctx context.Context, d Host, o Options) (*Service, error) {
 	if o.Socket == "" {
 		o.Socket = handover.DefaultSocket
 	}

@@ -41,10 +41,6 @@ func resultVersion(v string) string {
 // (containernetworking-plugins 1.1.1) accept.
 const refMaxVersion = "1.0.0"
 
-// exportTable is skeind's default export table; a claimed block keeps its
-// blackhole route there after its last address is released.
-const exportTable = 119
-
 var (
 	gw4 = netip.MustParseAddr("169.254.1.1")
 	gw6 = netip.MustParseAddr("fe80::1")
@@ -72,22 +68,20 @@ func newEnv(t *testing.T) *env {
 	harness.RequireRoot(t)
 	d := skeintest.StartDaemon(t, skeintest.Options{})
 	d.Node.AddAddr(t, "lo", netip.PrefixFrom(nodeAddr, 32))
-	return &env{d: d, cni: d.CNI(), base: nodeState(t, d.Node)}
+	return &env{d: d, cni: d.CNI(), base: nodeState(t, d)}
 }
 
-// nodeState snapshots a node namespace without the export table.
-func nodeState(t testing.TB, node *harness.NS) harness.State {
+// nodeState snapshots a node namespace, its export table checked against
+// the blocks skeind owns (skeintest.Daemon.NodeState).
+func nodeState(t testing.TB, d *skeintest.Daemon) harness.State {
 	t.Helper()
-	st := harness.Snapshot(t, node)
-	prefix := fmt.Sprintf("table %d ", exportTable)
-	st.Routes = slices.DeleteFunc(st.Routes, func(r string) bool { return strings.HasPrefix(r, prefix) })
-	return st
+	return d.NodeState(t)
 }
 
 // assertClean: the node is as it was at start and skeind holds nothing.
 func (e *env) assertClean(t *testing.T, after string) {
 	t.Helper()
-	harness.AssertSame(t, e.base, nodeState(t, e.d.Node))
+	harness.AssertSame(t, e.base, nodeState(t, e.d))
 	if atts := e.d.Attachments(t); len(atts) != 0 {
 		violation(t, "DEL (and GC) release everything ADD created",
 			"after %s skeind still holds %d attachment(s): %s", after, len(atts), keys(atts))

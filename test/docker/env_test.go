@@ -89,7 +89,7 @@ func newEnv(t testing.TB) *env {
 	e.startDockerd(t)
 	t.Cleanup(func() { e.stopDockerd(t) })
 	e.importImage(t)
-	e.base = nodeState(t, e.node)
+	e.base = nodeState(t, e.sk)
 	return e
 }
 
@@ -312,14 +312,13 @@ func (e *env) assertClean(t testing.TB, pools ...string) {
 	if got := e.pools(t); !slices.Equal(got, want) {
 		t.Errorf("skeind's pools: want %v, have %v", want, got)
 	}
-	harness.AssertSame(t, e.base, nodeState(t, e.node))
+	harness.AssertSame(t, e.base, nodeState(t, e.sk))
 }
 
-// nodeState snapshots the node without the export table: a block stays
-// claimed (and exported) after its last address is released.
-func nodeState(t testing.TB, node *harness.NS) harness.State {
+// nodeState snapshots the node, its export table checked against the
+// blocks skeind owns (skeintest.Daemon.NodeState): after `network rm` the
+// deleted pool's blocks must be gone from it.
+func nodeState(t testing.TB, sk *skeintest.Daemon) harness.State {
 	t.Helper()
-	st := harness.Snapshot(t, node)
-	st.Routes = slices.DeleteFunc(st.Routes, func(r string) bool { return strings.HasPrefix(r, "table 119 ") })
-	return st
+	return sk.NodeState(t)
 }
