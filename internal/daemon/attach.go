@@ -66,7 +66,7 @@ func randomMAC() string {
 // holds the address until the runtime's DEL or GC.
 func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachment, ap dataplane.Applied, err error) {
 	defer d.adds.begin(r.Key.String())()
-	unlock := d.locks.lock(r.Key.String())
+	unlock := d.locks.Lock(r.Key.String())
 	defer unlock()
 
 	if _, err := d.st.GetAttachment(ctx, r.Key); err == nil {
@@ -154,7 +154,7 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 // may still exist. It succeeds when things are already gone. found reports
 // whether a record existed.
 func (d *Daemon) Detach(ctx context.Context, k store.AttachmentKey, netnsHint string) (found bool, err error) {
-	unlock := d.locks.lock(k.String())
+	unlock := d.locks.Lock(k.String())
 	defer unlock()
 	return d.detachLocked(ctx, k, netnsHint)
 }
@@ -168,7 +168,7 @@ func (d *Daemon) Collect(ctx context.Context, k store.AttachmentKey, netnsHint s
 	if busy[k.String()] {
 		return false, nil
 	}
-	unlock := d.locks.lock(k.String())
+	unlock := d.locks.Lock(k.String())
 	defer unlock()
 	a, err := d.st.GetAttachment(ctx, k)
 	if errors.Is(err, store.ErrNotFound) {

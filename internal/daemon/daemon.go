@@ -22,6 +22,7 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/unixsock"
@@ -82,7 +83,7 @@ type Daemon struct {
 	ipam     *ipam.Manager
 	dp       Kernel
 	dpConfig dataplane.Config
-	locks    keyLocks
+	locks    keylock.Locks
 	adds     inflight
 	// hostNS: namespaces no pod may be plumbed into (checkPodNetNS).
 	hostNS  map[netns.ID]string
