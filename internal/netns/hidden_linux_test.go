@@ -49,17 +49,28 @@ func inPrivateMounts(t *testing.T) bool {
 	return false
 }
 
-// pinDir is a directory for pins, in the parent's temporary directory,
-// unmounted (every layer) when the child's test ends.
+// pinDir is the shared pin directory, /run/netns, as a fresh machine has
+// it: the child covers /run with an empty tmpfs of its own (its mounts are
+// private, the host's /run is untouched), so /run/netns is a plain
+// directory and no mount point yet. Every layer is unmounted when the
+// child's test ends.
 func pinDir(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(os.Getenv(dirEnv), "pins")
+	// The host's own /run/netns mounts (copies in this private namespace)
+	// would still be listed under the tmpfs: take them off here first.
+	for i := 0; i < 8 && unix.Unmount("/run/netns", unix.MNT_DETACH) == nil; i++ {
+	}
+	if err := unix.Mount("tmpfs", "/run", "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("cover /run in the child: %v", err)
+	}
+	dir := "/run/netns"
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for i := 0; i < 8 && unix.Unmount(dir, unix.MNT_DETACH) == nil; i++ {
 		}
+		_ = unix.Unmount("/run", unix.MNT_DETACH)
 	})
 	return dir
 }

@@ -132,6 +132,20 @@ func WriteSysctls(nsPath string, kv ...[2]string) error {
 	})
 }
 
+// sharedPinDir reports whether dir is the pin directory other tools bind
+// over themselves (/run/netns, also reached as /var/run/netns).
+func sharedPinDir(dir string) bool {
+	want, err := filepath.EvalSymlinks("/run")
+	if err != nil {
+		want = "/run"
+	}
+	parent, err := filepath.EvalSymlinks(filepath.Dir(filepath.Clean(dir)))
+	if err != nil {
+		parent = filepath.Dir(filepath.Clean(dir))
+	}
+	return filepath.Base(filepath.Clean(dir)) == "netns" && parent == want
+}
+
 func sysctlPath(name string) string {
 	if !strings.Contains(name, "/") {
 		name = strings.ReplaceAll(name, ".", "/")
@@ -140,13 +154,21 @@ func sysctlPath(name string) string {
 }
 
 // Create makes a new, empty network namespace and pins it by bind-mounting it
-// onto path (created if missing; its directory is created too and prepared
-// with PrepareDir first). The namespace lives until Remove(path) and until no
-// process, socket or open file refers to it. The caller's namespace is not
-// changed.
+// onto path (created if missing; its directory is created too). When the
+// directory is the one iproute2, podman and the CNI runtimes share
+// (/run/netns), it is prepared with PrepareDir first, since those tools bind
+// it over itself on first use; a directory of the caller's own (a test's
+// temporary one) is left a plain directory, so removing it stays possible.
+// The namespace lives until Remove(path) and until no process, socket or
+// open file refers to it. The caller's namespace is not changed.
 func Create(path string) error {
-	if err := PrepareDir(filepath.Dir(path)); err != nil {
-		return err
+	dir := filepath.Dir(path)
+	if sharedPinDir(dir) {
+		if err := PrepareDir(dir); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create netns directory: %w", err)
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
