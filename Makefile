@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -69,6 +69,24 @@ bench-frontdoors: deps build
 # The same in under two minutes: fewer operations, nodes of 10 and 1,000.
 bench-quick: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT) -quick
+
+# Every fuzz target for FUZZTIME each (go test fuzzes one target per
+# run). The seed corpora (testdata/fuzz) already run in `make test`; a
+# failure leaves its input in the package's testdata/fuzz/FuzzX/. Minimizing
+# is bounded (FUZZMINIMIZE runs) so that the slower targets, which replay a
+# Docker session per input, spend their time fuzzing.
+FUZZTIME     ?= 30s
+FUZZMINIMIZE ?= 200x
+FUZZFLAGS    ?=
+FUZZ_PKGS    := ./internal/cni ./internal/cniclient ./internal/docker ./internal/vm ./cmd/skeind
+fuzz:
+	@set -e; for pkg in $(FUZZ_PKGS); do \
+		list=$$($(GO) test -list '^Fuzz' $$pkg); \
+		for target in $$(echo "$$list" | grep '^Fuzz'); do \
+			echo "== $$pkg $$target ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg; \
+		done; \
+	done
 
 vet:
 	$(GO) vet ./...

@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -159,6 +161,12 @@ func loadConfig(path string) (daemon.Config, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return c, fmt.Errorf("config file %s: %w", path, err)
+	}
+	// Decode reads one JSON value; anything after it is a mistake too
+	// (two documents, a stray bracket), not something to ignore.
+	end := dec.InputOffset()
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("config file %s: unexpected data after the JSON object that ends at byte %d", path, end)
 	}
 	return c, nil
 }

@@ -86,6 +86,9 @@ func Parse(data []byte) (*NetConf, error) {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
 			return nil, types.NewError(types.ErrDecodingFailure, "cannot decode prevResult: "+err.Error(), "")
 		}
+		if err := CheckPrevResult(c.PrevResult); err != nil {
+			return nil, err
+		}
 	}
 	return &c, nil
 }

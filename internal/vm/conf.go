@@ -56,6 +56,9 @@ func ParseConf(data []byte, requirePrev bool) (*NetConf, error) {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
 			return nil, types.NewError(types.ErrDecodingFailure, "cannot decode prevResult: "+err.Error(), "")
 		}
+		if err := cni.CheckPrevResult(c.PrevResult); err != nil {
+			return nil, err
+		}
 	}
 	if requirePrev && c.PrevResult == nil {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig,
