@@ -5,11 +5,12 @@ import (
 )
 
 // BlockRequest is a node asking for one more block of a pool. The
-// controller carves the pool's next free block, records its name in the
-// status and sets the condition Complete, or sets Failed with a reason
-// (ReasonPoolNotFound, ReasonPoolExhausted). The node takes the block and
-// deletes the request; an owner reference to the node's Node object
-// removes it when the node goes.
+// controller picks the pool's next free block, records its name in the
+// status, makes the AddressBlock and then sets the condition Complete; or
+// it sets Failed with a reason (ReasonPoolNotFound, ReasonPoolExhausted,
+// ReasonPoolInvalid). The node waits for Complete or Failed, takes the
+// block and deletes the request; an owner reference to the node's Node
+// object removes it when the node goes.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=skreq,categories=skein
@@ -44,8 +45,10 @@ type BlockRequestSpec struct {
 
 // BlockRequestStatus is the controller's answer.
 type BlockRequestStatus struct {
-	// AddressBlockName is the AddressBlock carved for the request, set
-	// together with the condition Complete.
+	// AddressBlockName is the AddressBlock carved for the request. The
+	// controller writes it before it makes the block (so a retry, or a
+	// second controller, makes the same one); the block is there once
+	// the condition Complete is true.
 	// +optional
 	AddressBlockName string `json:"addressBlockName,omitempty"`
 	// Conditions: Complete or Failed (with a reason and a message).

@@ -49,6 +49,9 @@ const (
 	LabelPool = "skein.dev/pool"
 	// LabelNode on an AddressBlock names the node that owns it.
 	LabelNode = "skein.dev/node"
+	// LabelRequest on an AddressBlock is the UID of the BlockRequest it
+	// was carved for, so a controller that retries finds it.
+	LabelRequest = "skein.dev/request"
 	// AnnotationPool on a namespace names the pool its pods take addresses
 	// from (DefaultPool without it). Namespaces are admin objects, so pod
 	// owners cannot choose a pool.
