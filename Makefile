@@ -99,6 +99,14 @@ demo: build
 	./scripts/install-deps.sh demo || echo "make demo: could not install every dependency (above); the demo skips what is missing and says why"
 	$(GO) run ./test/demo -bin $(BIN)
 
+# Kubernetes API (api/v1alpha1): deepcopy code and the CRDs in
+# deploy/kubernetes/crd, made by controller-gen (pinned; go run builds it
+# once). api/v1alpha1's TestGenerated fails when they are stale.
+CONTROLLER_GEN_VERSION := v0.20.0
+.PHONY: generate
+generate:
+	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) object crd paths=./api/... output:crd:dir=deploy/kubernetes/crd
+
 proto:
 	cd api/rpc && protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative skein.proto vm.proto
 

@@ -1,0 +1,66 @@
+// Package v1alpha1 is skein's Kubernetes API, group skein.dev: the
+// cluster-scoped kinds that make the API server skein's store in Kubernetes
+// mode.
+//
+//   - AddressPool: subnets carved into blocks of 2^blockSizeBits addresses
+//     (the same geometry as the embedded store, internal/ipam).
+//   - AddressBlock: one block of a pool, owned by one node, named
+//     "<pool>-<index>" so the API server's name uniqueness forbids two blocks
+//     with one index.
+//   - BlockRequest: a node asking the controller for a block of a pool.
+//
+// The package depends on apimachinery only (no controller-runtime, no
+// client-go), so anything may import it. zz_generated.deepcopy.go and the
+// CRDs in deploy/kubernetes/crd come from controller-gen: run
+// `make generate` after editing the types.
+//
+// +kubebuilder:object:generate=true
+// +groupName=skein.dev
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion is skein.dev/v1alpha1.
+var GroupVersion = schema.GroupVersion{Group: "skein.dev", Version: "v1alpha1"}
+
+var (
+	schemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	// AddToScheme registers the kinds of this package in a scheme.
+	AddToScheme = schemeBuilder.AddToScheme
+)
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&AddressPool{}, &AddressPoolList{},
+		&AddressBlock{}, &AddressBlockList{},
+		&BlockRequest{}, &BlockRequestList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
+
+// Labels, annotations and finalizers skein puts on objects.
+const (
+	// LabelPool on an AddressBlock names its AddressPool.
+	LabelPool = "skein.dev/pool"
+	// LabelNode on an AddressBlock names the node that owns it.
+	LabelNode = "skein.dev/node"
+	// LabelRequest on an AddressBlock is the UID of the BlockRequest it
+	// was carved for, so a controller that retries finds it.
+	LabelRequest = "skein.dev/request"
+	// AnnotationPool on a namespace names the pool its pods take addresses
+	// from (DefaultPool without it). Namespaces are admin objects, so pod
+	// owners cannot choose a pool.
+	AnnotationPool = "skein.dev/pool"
+	// DefaultPool is the pool of a namespace without AnnotationPool.
+	DefaultPool = "default"
+	// FinalizerBlock on an AddressBlock keeps it until its node has let
+	// go of it; FinalizerPool on an AddressPool keeps the pool while any
+	// of its blocks exists.
+	FinalizerBlock = "skein.dev/block"
+	FinalizerPool  = "skein.dev/pool"
+)
