@@ -1,0 +1,298 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/kube"
+)
+
+func init() { ctrl.SetLogger(logr.Discard()) }
+
+const testNamespace = "skein-test"
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// setup starts the API server, the namespace and a webhook configuration
+// that calls https://127.0.0.1:port with no caBundle yet.
+func setup(t *testing.T, port int) (*kube.Env, client.Client) {
+	t.Helper()
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}); err != nil {
+		t.Fatal(err)
+	}
+	url := "https://127.0.0.1:" + strconv.Itoa(port) + Path
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultConfigName},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "addresspools.skein.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url},
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			TimeoutSeconds:          ptr.To[int32](5),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{"skein.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addresspools"},
+					Scope: ptr.To(admissionregistrationv1.ClusterScope),
+				},
+			}},
+		}},
+	}
+	if err := c.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return env, c
+}
+
+// startWebhook runs a manager with Add's pieces until the test ends.
+func startWebhook(t *testing.T, env *kube.Env, opts Options) *rotator {
+	t.Helper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 kube.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := add(mgr, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	return r
+}
+
+// probe is a valid pool, created with dryRun: it passes only through a
+// working webhook (failurePolicy Fail) and leaves nothing behind.
+func probe(ctx context.Context, c client.Client) error {
+	return c.Create(ctx, pool("probe", 5, v4("192.168.250.0/24")), client.DryRunAll)
+}
+
+// waitServing waits until the API server reaches the webhook.
+func waitServing(t *testing.T, c client.Client) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := probe(context.Background(), c)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("webhook not reachable through the API server: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// served is the serial of the certificate the server on port presents.
+func served(t *testing.T, port int) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port), &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatalf("dial webhook: %v", err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+func secretSet(t *testing.T, c client.Client) *certSet {
+	t.Helper()
+	sec := &corev1.Secret{}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: testNamespace, Name: DefaultSecretName}, sec); err != nil {
+		t.Fatal(err)
+	}
+	s, err := parseCertSet(sec.Data, true)
+	if err != nil {
+		t.Fatalf("secret: %v", err)
+	}
+	return s
+}
+
+func caBundle(t *testing.T, c client.Client) []byte {
+	t.Helper()
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := c.Get(context.Background(), client.ObjectKey{Name: DefaultConfigName}, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Webhooks[0].ClientConfig.CABundle
+}
+
+// refused asserts err is the webhook's (or the schema's) refusal saying want.
+func refused(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: accepted", what)
+		return
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: error %q does not say %q", what, err, want)
+	}
+}
+
+func TestWebhookThroughAPIServer(t *testing.T) {
+	port := freePort(t)
+	env, c := setup(t, port)
+	r := startWebhook(t, env, Options{Namespace: testNamespace, Port: port})
+	waitServing(t, c)
+	ctx := context.Background()
+
+	// The caBundle the controller patched is the Secret's.
+	set := secretSet(t, c)
+	if !bytes.Equal(caBundle(t, c), set.data[keyCABundle]) {
+		t.Fatal("caBundle is not the Secret's bundle")
+	}
+	if got := served(t, port); got != set.leaf.SerialNumber.String() {
+		t.Fatalf("server presents certificate %s, the Secret holds %s", got, set.leaf.SerialNumber)
+	}
+
+	a := pool("a", 5, dual("10.64.0.0/24", "fd00:64::/120"))
+	if err := c.Create(ctx, a); err != nil {
+		t.Fatalf("valid pool refused: %v", err)
+	}
+	const denied = `admission webhook "addresspools.skein.dev" denied the request`
+	refused(t, "overlapping pool", c.Create(ctx, pool("b", 5, v4("10.64.0.128/25"))), denied)
+	refused(t, "overlapping pool", c.Create(ctx, pool("b", 5, v4("10.64.0.128/25"))), `10.64.0.128/25 overlaps 10.64.0.0/24 of AddressPool "a"`)
+	refused(t, "unpaired sizes", c.Create(ctx, pool("b", 5, dual("10.65.0.0/24", "fd00:65::/64"))), "same size")
+
+	// Updates: re-read each time, so a refusal is the rule's, not a conflict.
+	update := func(edit func(*skeinv1.AddressPool)) error {
+		p := &skeinv1.AddressPool{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(a), p); err != nil {
+			t.Fatal(err)
+		}
+		edit(p)
+		return c.Update(ctx, p)
+	}
+	refused(t, "blockSizeBits changed", update(func(p *skeinv1.AddressPool) { p.Spec.BlockSizeBits = 6 }), "blockSizeBits is immutable")
+	refused(t, "subnet removed", update(func(p *skeinv1.AddressPool) {
+		p.Spec.Subnets = append(p.Spec.Subnets, dual("10.66.0.0/24", "fd00:66::/120"))[1:]
+	}), "subnets may only be appended")
+	refused(t, "subnet changed", update(func(p *skeinv1.AddressPool) { p.Spec.Subnets[0].IPv4 = ptr.To("10.64.0.0/23") }), denied)
+	if err := update(func(p *skeinv1.AddressPool) {
+		p.Spec.Subnets = append(p.Spec.Subnets, dual("10.66.0.0/24", "fd00:66::/120"))
+	}); err != nil {
+		t.Fatalf("append refused: %v", err)
+	}
+	refused(t, "overlapping the appended subnet", c.Create(ctx, pool("b", 5, v4("10.66.0.0/16"))), `of AddressPool "a"`)
+	got := &skeinv1.AddressPool{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(a), got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Spec.Subnets) != 2 || got.Spec.BlockSizeBits != 5 {
+		t.Fatalf("pool after refusals and one append: %+v", got.Spec)
+	}
+	var list skeinv1.AddressPoolList
+	if err := c.List(ctx, &list); err != nil || len(list.Items) != 1 {
+		t.Fatalf("pools: %d (err %v), want only a", len(list.Items), err)
+	}
+
+	// Rotation: a new certificate is served at once, the new caBundle is
+	// patched, and requests never fail on the way.
+	before := caBundle(t, c)
+	if err := r.Rotate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := probe(ctx, c); err != nil {
+		t.Fatalf("request right after rotation: %v", err)
+	}
+	after := secretSet(t, c)
+	if after.leaf.SerialNumber.Cmp(set.leaf.SerialNumber) == 0 || !after.ca.Equal(set.next) {
+		t.Fatal("rotation did not sign a new certificate with the next CA")
+	}
+	if got := caBundle(t, c); bytes.Equal(got, before) || !bytes.Equal(got, after.data[keyCABundle]) {
+		t.Fatal("caBundle not patched with the rotated bundle")
+	}
+	if got := served(t, port); got != after.leaf.SerialNumber.String() {
+		t.Fatalf("server presents %s after rotation, want %s", got, after.leaf.SerialNumber)
+	}
+	for i := 0; i < 20; i++ {
+		if err := probe(ctx, c); err != nil {
+			t.Fatalf("request %d after rotation: %v", i, err)
+		}
+	}
+	if err := c.Create(ctx, pool("b", 5, v4("10.67.0.0/24"))); err != nil {
+		t.Fatalf("valid pool after rotation: %v", err)
+	}
+}
+
+// Two replicas with short-lived certificates share one Secret: they rotate
+// on their own when due, never twice for one generation, both serve what
+// the Secret holds, and the API server's requests keep passing throughout.
+func TestWebhookReplicasRotate(t *testing.T) {
+	const validity = 6 * time.Second
+	port, port2 := freePort(t), freePort(t)
+	env, c := setup(t, port)
+	opts := Options{Namespace: testNamespace, Port: port, Validity: validity, CheckInterval: 200 * time.Millisecond}
+	startWebhook(t, env, opts)
+	opts.Port = port2
+	startWebhook(t, env, opts)
+	waitServing(t, c)
+
+	ctx := context.Background()
+	serials := map[string]bool{}
+	start := time.Now()
+	for time.Since(start) < 2*validity {
+		if err := probe(ctx, c); err != nil {
+			t.Fatalf("request at %v: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+		serials[secretSet(t, c).leaf.SerialNumber.String()] = true
+		time.Sleep(100 * time.Millisecond)
+	}
+	// One rotation every 2/3 of validity: 3 in 2*validity, plus the
+	// first certificate. Replicas fighting would show more.
+	if n := len(serials); n < 3 || n > 4 {
+		t.Errorf("%d certificates in %v with validity %v, want 3 or 4", n, 2*validity, validity)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		want := secretSet(t, c).leaf.SerialNumber.String()
+		a, b := served(t, port), served(t, port2)
+		if a == want && b == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas serve %s and %s, the Secret holds %s", a, b, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
