@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
@@ -25,7 +28,13 @@ import (
 
 func init() { ctrl.SetLogger(logr.Discard()) }
 
-const testNamespace = "skein-test"
+// The tests run as the controller's service account with only the RBAC of
+// deploy/kubernetes/webhook, in the namespace of the manifests.
+const (
+	testNamespace = DefaultNamespace
+	manifests     = "../../deploy/kubernetes/webhook"
+	controllerSA  = "system:serviceaccount:skein-system:skein-controller"
+)
 
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -41,7 +50,7 @@ func freePort(t *testing.T) int {
 // that calls https://127.0.0.1:port with no caBundle yet.
 func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 	t.Helper()
-	env := kube.Start(t, kube.Options{})
+	env := kube.Start(t, kube.Options{Users: []kube.User{{Name: controllerSA}}})
 	c, err := kube.NewClient(env.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +58,9 @@ func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 	ctx := context.Background()
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}); err != nil {
 		t.Fatal(err)
+	}
+	if out, err := env.Kubectl("apply", "-f", filepath.Join(manifests, "rbac.yaml")); err != nil {
+		t.Fatalf("apply RBAC: %v: %s", err, out)
 	}
 	url := "https://127.0.0.1:" + strconv.Itoa(port) + Path
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -78,7 +90,7 @@ func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 // startWebhook runs a manager with Add's pieces until the test ends.
 func startWebhook(t *testing.T, env *kube.Env, opts Options) *rotator {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(env.UserConfig(controllerSA), ctrl.Options{
 		Scheme:                 kube.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -172,7 +184,7 @@ func refused(t *testing.T, what string, err error, want string) {
 func TestWebhookThroughAPIServer(t *testing.T) {
 	port := freePort(t)
 	env, c := setup(t, port)
-	r := startWebhook(t, env, Options{Namespace: testNamespace, Port: port})
+	r := startWebhook(t, env, Options{Port: port})
 	waitServing(t, c)
 	ctx := context.Background()
 
@@ -262,7 +274,7 @@ func TestWebhookReplicasRotate(t *testing.T) {
 	const validity = 6 * time.Second
 	port, port2 := freePort(t), freePort(t)
 	env, c := setup(t, port)
-	opts := Options{Namespace: testNamespace, Port: port, Validity: validity, CheckInterval: 200 * time.Millisecond}
+	opts := Options{Port: port, Validity: validity, CheckInterval: 200 * time.Millisecond}
 	startWebhook(t, env, opts)
 	opts.Port = port2
 	startWebhook(t, env, opts)
@@ -294,5 +306,31 @@ func TestWebhookReplicasRotate(t *testing.T) {
 			t.Fatalf("replicas serve %s and %s, the Secret holds %s", a, b, want)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The cluster manifest names what Options' zero value and Path do.
+func TestManifestMatchesDefaults(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(manifests, "validatingwebhookconfiguration.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Name != DefaultConfigName || len(cfg.Webhooks) != 1 {
+		t.Fatalf("configuration %q with %d webhooks, want %q with 1", cfg.Name, len(cfg.Webhooks), DefaultConfigName)
+	}
+	svc := cfg.Webhooks[0].ClientConfig.Service
+	if svc == nil || svc.Name != DefaultServiceName || svc.Namespace != DefaultNamespace || svc.Path == nil || *svc.Path != Path {
+		t.Errorf("clientConfig.service %+v, want %s/%s path %s", svc, DefaultNamespace, DefaultServiceName, Path)
+	}
+	if p := cfg.Webhooks[0].FailurePolicy; p == nil || *p != admissionregistrationv1.Fail {
+		t.Error("failurePolicy is not Fail")
+	}
+	r := cfg.Webhooks[0].Rules
+	if len(r) != 1 || len(r[0].Resources) != 1 || r[0].Resources[0] != "addresspools" || len(r[0].Operations) != 2 {
+		t.Errorf("rules %+v, want CREATE and UPDATE of addresspools", r)
 	}
 }
