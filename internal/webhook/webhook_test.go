@@ -16,11 +16,11 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/yaml"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
@@ -316,7 +316,7 @@ func TestManifestMatchesDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cfg admissionregistrationv1.ValidatingWebhookConfiguration
-	if err := yaml.UnmarshalStrict(b, &cfg); err != nil {
+	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096).Decode(&cfg); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Name != DefaultConfigName || len(cfg.Webhooks) != 1 {
