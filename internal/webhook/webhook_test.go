@@ -265,6 +265,24 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 	if err := c.Create(ctx, pool("b", 5, v4("10.67.0.0/24"))); err != nil {
 		t.Fatalf("valid pool after rotation: %v", err)
 	}
+
+	// A damaged Secret is replaced by a fresh set on the next check.
+	sec := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: DefaultSecretName}, sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data[keyCert] = []byte("not a certificate")
+	if err := c.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sync(ctx, false); err != nil {
+		t.Fatalf("check after damage: %v", err)
+	}
+	fresh := secretSet(t, c)
+	if !bytes.Equal(caBundle(t, c), fresh.data[keyCABundle]) || served(t, port) != fresh.leaf.SerialNumber.String() {
+		t.Fatal("damaged Secret not replaced, patched and served")
+	}
+	waitServing(t, c)
 }
 
 // Two replicas with short-lived certificates share one Secret: they rotate
