@@ -51,7 +51,7 @@ func (k kubeFlags) openStore(ctx context.Context, cfg daemon.Config) (store.Stor
 	if dir == "" {
 		dir = daemon.DefaultStateDir
 	}
-	local, err := store.OpenBolt(filepath.Join(dir, "skein.db"), store.BoltOptions{})
+	local, err := store.OpenBolt(filepath.Join(dir, "skein.db"), store.BoltOptions{AttachmentsOnly: true})
 	if err != nil {
 		return nil, err
 	}

@@ -73,7 +73,7 @@ type node struct {
 
 func startNode(t *testing.T, env *kube.Env, name, dir string, timeout time.Duration) *node {
 	t.Helper()
-	local, err := store.OpenBolt(filepath.Join(dir, "skein.db"), store.BoltOptions{})
+	local, err := store.OpenBolt(filepath.Join(dir, "skein.db"), store.BoltOptions{AttachmentsOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

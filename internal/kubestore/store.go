@@ -50,7 +50,9 @@ type Options struct {
 	Config *rest.Config
 	// Node is this node's name (the Node object's, when there is one).
 	Node string
-	// Local keeps attachments and front doors' records; the Store closes it.
+	// Local keeps attachments and front doors' records; the Store closes
+	// it. A Bolt store must be opened with AttachmentsOnly (its file has no
+	// pools in this mode).
 	Local store.Store
 	// GrantTimeout bounds GrantBlock's wait; 0 = DefaultGrantTimeout.
 	GrantTimeout time.Duration
