@@ -406,6 +406,11 @@ func (m *Manager) takeGranted(ctx context.Context, ps *poolState, v6 bool, withi
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("get a block of pool %q: %w", ps.def.Name, err)
 		}
+		if blk.Index >= ps.geo.Blocks() {
+			if err := m.reload(ctx, ps, blk.Index); err != nil {
+				return netip.Addr{}, err
+			}
+		}
 		b := ps.addBlock(blk.Index)
 		ps.claimed = true
 		ps.cursor, _ = slices.BinarySearch(ps.order, blk.Index)
@@ -414,6 +419,29 @@ func (m *Manager) takeGranted(ctx context.Context, ps *poolState, v6 bool, withi
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("%w in pool %q: %d blocks granted in a row had no usable address", ErrExhausted, ps.def.Name, maxGrants)
+}
+
+// reload re-reads ps's definition when the allocator granted block index,
+// beyond the pool as this node knows it: subnets were appended to the pool
+// since it was loaded. Appending keeps every existing block's index and
+// addresses, so the blocks held stay valid. The caller holds ps.mu.
+func (m *Manager) reload(ctx context.Context, ps *poolState, index uint32) error {
+	def, err := m.st.GetPool(ctx, ps.def.Name)
+	if err != nil {
+		return fmt.Errorf("reload pool %q for granted block %d: %w", ps.def.Name, index, err)
+	}
+	geo, err := NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
+	if err != nil {
+		return fmt.Errorf("reload pool %q: %w", ps.def.Name, err)
+	}
+	if index >= geo.Blocks() {
+		return fmt.Errorf("granted block %d of pool %q, which has %d blocks", index, ps.def.Name, geo.Blocks())
+	}
+	if geo.BlockSize() != ps.geo.BlockSize() {
+		return fmt.Errorf("pool %q changed its block size from %d to %d addresses; restart skeind", ps.def.Name, ps.geo.BlockSize(), geo.BlockSize())
+	}
+	ps.def, ps.geo = def, geo
+	return nil
 }
 
 // claimWithin claims the lowest free block in ranges. The store's ok

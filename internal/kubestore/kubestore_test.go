@@ -323,6 +323,34 @@ func TestKubeStore(t *testing.T) {
 		}
 	})
 
+	t.Run("subnets appended to a pool in use", func(t *testing.T) {
+		createPool(t, c, "grow", "10.82.0.0/29", 3) // one block
+		g := startNode(t, env, "node-g", t.TempDir(), 0)
+		alloc(t, g, "grow")
+		u, _ := g.ipam.Usage(ctx, "grow")
+		for range u.Free { // fill the pool's only block
+			alloc(t, g, "grow")
+		}
+		p := &skeinv1.AddressPool{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "grow"}, p); err != nil {
+			t.Fatal(err)
+		}
+		p.Spec.Subnets = append(p.Spec.Subnets, skeinv1.SubnetSet{IPv4: ptr.To("10.82.1.0/29")})
+		if err := c.Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the appended subnet in node-g's cache", func() error {
+			sp, err := g.st.GetPool(ctx, "grow")
+			if err != nil || len(sp.Subnets) != 2 {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		if got := alloc(t, g, "grow"); !netip.MustParsePrefix("10.82.1.0/29").Contains(got) {
+			t.Errorf("after the pool grew, allocated %v, want an address of the appended subnet", got)
+		}
+	})
+
 	t.Run("no controller: try again, nothing left behind", func(t *testing.T) {
 		stopController()
 		f := startNode(t, env, "node-f", t.TempDir(), time.Second)
