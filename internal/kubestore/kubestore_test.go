@@ -353,9 +353,34 @@ func TestKubeStore(t *testing.T) {
 
 	t.Run("no controller: try again, nothing left behind", func(t *testing.T) {
 		stopController()
-		f := startNode(t, env, "node-f", t.TempDir(), time.Second)
+		// node-f is a Node object: its requests are owned by it (so the
+		// garbage collector removes them with the node).
+		nodeObj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-f"}}
+		if err := c.Create(ctx, nodeObj); err != nil {
+			t.Fatal(err)
+		}
+		f := startNode(t, env, "node-f", t.TempDir(), 2*time.Second)
 		start := time.Now()
-		_, err := f.ipam.Allocate(ctx, ipam.Request{Pool: "default"})
+		errc := make(chan error, 1)
+		go func() {
+			_, err := f.ipam.Allocate(ctx, ipam.Request{Pool: "default"})
+			errc <- err
+		}()
+		eventually(t, "node-f's pending BlockRequest", func() error {
+			left := requestsLeft(t, c)
+			if len(left) != 1 {
+				return errors.New("no request yet")
+			}
+			br := left[0]
+			if br.Spec.NodeName != "node-f" || br.Spec.PoolName != "default" {
+				t.Errorf("request spec %+v, want node-f and pool default", br.Spec)
+			}
+			if o := br.OwnerReferences; len(o) != 1 || o[0].Kind != "Node" || o[0].UID != nodeObj.UID {
+				t.Errorf("request owners %+v, want the Node node-f (uid %s)", o, nodeObj.UID)
+			}
+			return nil
+		})
+		err := <-errc
 		if !errors.Is(err, ipam.ErrTryAgain) {
 			t.Fatalf("allocate with no controller: %v, want ErrTryAgain", err)
 		}

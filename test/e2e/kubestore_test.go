@@ -220,11 +220,23 @@ func TestKubeStore(t *testing.T) {
 		t.Errorf("block %s still exists after its last address was freed", blk.Name)
 	}
 
-	// A crash and restart keeps the block pa uses.
+	// A crash and restart keeps the block pa uses and frees a block of
+	// kn-a's that nothing uses (as a crash right after a grant leaves).
 	a.d.Kill(t)
+	stray := &skeinv1.AddressBlock{
+		ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("default", 30), Finalizers: []string{skeinv1.FinalizerBlock},
+			Labels: map[string]string{skeinv1.LabelPool: "default", skeinv1.LabelNode: "kn-a"}},
+		Index: 30, IPv4: ptr.To("10.90.0.240/29"),
+	}
+	if err := c.Create(bg, stray); err != nil {
+		t.Fatal(err)
+	}
 	a.d.Start(t)
 	if blk := blockOf(t, c, pa.addrs[0]); blk == nil || blk.Name != ba.Name {
 		t.Errorf("after restart pa's block is %v, want %s kept", blk, ba.Name)
+	}
+	if blk := blockOf(t, c, netip.MustParseAddr("10.90.0.241")); blk != nil {
+		t.Errorf("after restart the unused block %s is still there", blk.Name)
 	}
 	if err := a.check(t, l, pa.rt); err != nil {
 		t.Errorf("CHECK pa after restart: %v", err)
