@@ -340,6 +340,11 @@ func (m *Manager) takeStatic(ctx context.Context, ps *poolState, a netip.Addr) e
 	b := ps.blocks[bi]
 	if b == nil {
 		blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), &bi, nil)
+		if errors.Is(err, store.ErrConflict) && blk.Node == "" {
+			// A store whose allocator chooses blocks (Kubernetes mode)
+			// cannot give this node a block by number.
+			return fmt.Errorf("%w: %v is in block %d, which node %q does not hold: %v", ErrInUse, a, bi, m.node, err)
+		}
 		if errors.Is(err, store.ErrConflict) {
 			return fmt.Errorf("%w: %v is in block %d owned by node %q", ErrInUse, a, bi, blk.Node)
 		}

@@ -65,22 +65,31 @@ func blockOf(b *skeinv1.AddressBlock) (store.Block, bool) {
 
 // ClaimBlock cannot pick a block in Kubernetes mode (GrantBlock asks the
 // controller instead). It answers only for a block this node owns already
-// (Restore, a static address in an owned block): the block, or
-// store.ErrConflict naming no owner when it is not this node's.
+// (Restore on start, a static address in a block the node does not hold in
+// memory): the block, or store.ErrConflict when it is not this node's.
+//
+// It reads the API server, not the cache: a block this node has just
+// freed may linger in the cache, and taking it again from there would
+// hand out addresses of a block the controller may give another node. It
+// is rare (once per block on start), so the read costs little.
 func (s *Store) ClaimBlock(ctx context.Context, pool, node string, _ uint32, want *uint32, _ func(uint32) bool) (store.Block, error) {
 	if want == nil {
 		return store.Block{}, fmt.Errorf("claim a block of pool %q: in kubernetes mode skein-controller chooses blocks: %w", pool, store.ErrConflict)
 	}
 	b := &skeinv1.AddressBlock{}
-	err := s.cache.Get(ctx, client.ObjectKey{Name: skeinv1.BlockName(pool, *want)}, b)
+	err := s.client.Get(ctx, client.ObjectKey{Name: skeinv1.BlockName(pool, *want)}, b)
 	if err == nil {
-		if blk, ok := blockOf(b); ok && blk.Node == node && blk.Pool == pool {
+		if blk, ok := blockOf(b); ok && blk.Node == node && blk.Pool == pool && b.DeletionTimestamp.IsZero() {
 			return blk, nil
+		}
+		if owner := b.Labels[skeinv1.LabelNode]; owner != node {
+			return store.Block{Pool: pool, Index: *want, Node: owner},
+				fmt.Errorf("block %d of pool %q is node %q's: %w", *want, pool, owner, store.ErrConflict)
 		}
 	} else if !apierrors.IsNotFound(err) {
 		return store.Block{}, fmt.Errorf("get AddressBlock %s: %w", skeinv1.BlockName(pool, *want), err)
 	}
-	return store.Block{Pool: pool, Index: *want, Node: "another node or none"},
+	return store.Block{Pool: pool, Index: *want},
 		fmt.Errorf("block %d of pool %q is not node %q's, and in kubernetes mode skein-controller chooses blocks: %w", *want, pool, node, store.ErrConflict)
 }
 

@@ -153,6 +153,13 @@ func alloc(t *testing.T, n *node, pool string) netip.Addr {
 	return a[0]
 }
 
+func poolOfAddr(a netip.Addr) string {
+	if netip.MustParsePrefix("10.81.0.0/24").Contains(a) {
+		return "blue"
+	}
+	return "default"
+}
+
 func TestKubeStore(t *testing.T) {
 	env := kube.Start(t, kube.Options{})
 	c, err := kube.NewClient(env.Config)
@@ -320,6 +327,30 @@ func TestKubeStore(t *testing.T) {
 		}
 		if _, err := a.ipam.Allocate(ctx, ipam.Request{Pool: "nope"}); !errors.Is(err, ipam.ErrPoolNotFound) {
 			t.Errorf("allocate from a missing pool: %v, want ErrPoolNotFound", err)
+		}
+	})
+
+	t.Run("static addresses only in blocks the node holds", func(t *testing.T) {
+		n := startNode(t, env, "node-s", t.TempDir(), 0)
+		x := alloc(t, n, "blue")
+		got, err := n.ipam.Allocate(ctx, ipam.Request{Pool: "blue", Static: []netip.Addr{x.Next()}})
+		if err != nil || len(got) != 1 || got[0] != x.Next() {
+			t.Fatalf("static %v in node-s's own block: %v, %v", x.Next(), got, err)
+		}
+		// An address of node-b's block, and one of a block nobody holds.
+		bAddr := alloc(t, b, "default")
+		for _, a := range []netip.Addr{bAddr, netip.MustParseAddr("10.81.0.250")} {
+			if _, err := n.ipam.Allocate(ctx, ipam.Request{Pool: poolOfAddr(a), Static: []netip.Addr{a}}); !errors.Is(err, ipam.ErrInUse) {
+				t.Errorf("static %v in a block node-s does not hold: %v, want ErrInUse", a, err)
+			}
+		}
+		// Freed, the block is not taken back from a stale cache.
+		n.ipam.Release(ctx, "blue", []netip.Addr{x, x.Next()})
+		if _, err := n.ipam.Allocate(ctx, ipam.Request{Pool: "blue", Static: []netip.Addr{x}}); !errors.Is(err, ipam.ErrInUse) {
+			t.Errorf("static %v in the block just freed: %v, want ErrInUse", x, err)
+		}
+		if left := apiBlocks(t, c, "blue", "node-s"); len(left) != 0 {
+			t.Errorf("node-s still has blocks %v", left)
 		}
 	})
 
