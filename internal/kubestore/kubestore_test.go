@@ -354,6 +354,57 @@ func TestKubeStore(t *testing.T) {
 		}
 	})
 
+	t.Run("concurrent allocations on two nodes", func(t *testing.T) {
+		createPool(t, c, "busy", "10.83.0.0/24", 3)
+		nodes := []*node{startNode(t, env, "node-p", t.TempDir(), 0), startNode(t, env, "node-q", t.TempDir(), 0)}
+		type result struct {
+			node string
+			addr netip.Addr
+			err  error
+		}
+		results := make(chan result, 80)
+		for i := range 80 {
+			n := nodes[i%2]
+			go func() {
+				a, err := n.ipam.Allocate(ctx, ipam.Request{Pool: "busy"})
+				r := result{node: n.name, err: err}
+				if err == nil {
+					r.addr = a[0]
+				}
+				results <- r
+			}()
+		}
+		owner := map[netip.Addr]string{}
+		for range 80 {
+			r := <-results
+			if r.err != nil {
+				t.Fatalf("%s: %v", r.node, r.err)
+			}
+			if prev, dup := owner[r.addr]; dup {
+				t.Fatalf("%v handed out twice (%s and %s)", r.addr, prev, r.node)
+			}
+			owner[r.addr] = r.node
+		}
+		for _, n := range nodes {
+			blocks := apiBlocks(t, c, "busy", n.name)
+			for addr, who := range owner {
+				if who != n.name {
+					continue
+				}
+				in := false
+				for _, blk := range blocks {
+					in = in || netip.MustParsePrefix(*blk.IPv4).Contains(addr)
+				}
+				if !in {
+					t.Errorf("%v of %s is in none of its blocks", addr, n.name)
+				}
+			}
+		}
+		if left := requestsLeft(t, c); len(left) != 0 {
+			t.Errorf("%d BlockRequests left behind", len(left))
+		}
+	})
+
 	t.Run("subnets appended to a pool in use", func(t *testing.T) {
 		createPool(t, c, "grow", "10.82.0.0/29", 3) // one block
 		g := startNode(t, env, "node-g", t.TempDir(), 0)
