@@ -1,6 +1,7 @@
 package kubestore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,13 +45,7 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]store.Block, err
 		}
 	}
 	slices.SortFunc(out, func(a, b store.Block) int {
-		if a.Pool != b.Pool {
-			if a.Pool < b.Pool {
-				return -1
-			}
-			return 1
-		}
-		return int(int64(a.Index) - int64(b.Index))
+		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Index, b.Index))
 	})
 	return out, nil
 }
