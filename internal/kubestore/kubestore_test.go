@@ -405,6 +405,10 @@ func TestKubeStore(t *testing.T) {
 		}
 	})
 
+	t.Run("the Docker front door uses pools by name", func(t *testing.T) {
+		dockerIPAM(t, startNode(t, env, "node-docker", t.TempDir(), 0))
+	})
+
 	t.Run("subnets appended to a pool in use", func(t *testing.T) {
 		createPool(t, c, "grow", "10.82.0.0/29", 3) // one block
 		g := startNode(t, env, "node-g", t.TempDir(), 0)
