@@ -16,7 +16,9 @@ import (
 // noPlumber: the Docker IPAM calls tested here plumb nothing.
 type noPlumber struct{}
 
-func (noPlumber) SetupPair(dataplane.Pair) (dataplane.Applied, error) { return dataplane.Applied{}, nil }
+func (noPlumber) SetupPair(dataplane.Pair) (dataplane.Applied, error) {
+	return dataplane.Applied{}, nil
+}
 func (noPlumber) Teardown(string, string, string, []netip.Addr) error { return nil }
 func (noPlumber) Config() dataplane.Config                            { return dataplane.Config{AliasPrefix: "skein:"} }
 
