@@ -60,7 +60,9 @@ var ErrTryAgain = errors.New("try again later")
 // Manager hands out addresses from pools. Each pool has its own lock held
 // for microseconds while a bitmap is searched; there is no lock shared by
 // all ADDs. Claiming a new block (a store write) happens under the pool's
-// lock, once per 2^bits addresses.
+// lock, once per 2^bits addresses; with a BlockGranter store that includes
+// the wait for the allocator, so the pool's other requests on this node
+// wait with it (for at most the store's grant timeout each).
 type Manager struct {
 	st      store.Store
 	granter BlockGranter // nil: the node claims blocks in the store itself
