@@ -20,6 +20,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/daemon"
 	"github.com/skeinnet/skein/internal/docker"
+	"github.com/skeinnet/skein/internal/kubestore"
 )
 
 func main() {
@@ -40,6 +41,7 @@ func newCommand() *cobra.Command {
 		blockBits   int
 		dockerSock  string
 		vmf         vmFlags
+		kf          kubeFlags
 	)
 	cmd := &cobra.Command{
 		Use:           "skeind",
@@ -98,6 +100,9 @@ func newCommand() *cobra.Command {
 
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			if final.Store, err = kf.openStore(ctx, final); err != nil {
+				return err
+			}
 			d, err := daemon.New(ctx, final)
 			if err != nil {
 				return err
@@ -134,6 +139,9 @@ func newCommand() *cobra.Command {
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
 	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
+	f.StringVar(&kf.store, "store", "embedded", "where pools and blocks live: embedded (a file under --state-dir, one host) or kubernetes (the API server; attachments stay in the file)")
+	f.StringVar(&kf.kubeconfig, "kubeconfig", "", "kubeconfig for --store kubernetes (empty: the in-cluster configuration)")
+	f.DurationVar(&kf.grantTimeout, "block-wait", kubestore.DefaultGrantTimeout, "with --store kubernetes, how long an ADD waits for skein-controller to grant a block before failing with \"try again\" (CNI code 11)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

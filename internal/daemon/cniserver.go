@@ -94,6 +94,9 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
+	if err := s.d.choosePool(ctx, conf, req.Args); err != nil {
+		return nil, err
+	}
 	a, ap, err := s.d.Attach(ctx, AttachRequest{
 		Key:    keyOf(conf, req),
 		Pool:   conf.Pool,
@@ -136,6 +139,8 @@ func attachError(err error, conf *cni.NetConf) error {
 		return e
 	case errors.Is(err, ipam.ErrPoolNotFound):
 		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("pool %q does not exist", conf.Pool), err.Error())
+	case errors.Is(err, ipam.ErrTryAgain):
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("no block of pool %q could be had in time; try again", conf.Pool), err.Error())
 	case errors.Is(err, ipam.ErrExhausted):
 		return types.NewError(cni.CodePoolExhausted, fmt.Sprintf("pool %q has no free address", conf.Pool), err.Error())
 	case errors.Is(err, ipam.ErrOutOfPool):

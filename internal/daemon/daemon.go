@@ -139,6 +139,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		}
 	}
 	d.st = st
+	d.metrics.registerStore(st)
 	defer func() {
 		if err != nil {
 			st.Close()

@@ -42,6 +42,19 @@ func newMetrics(d *Daemon) *metrics {
 	return m
 }
 
+// storeCollectors is a store with metrics of its own (the Kubernetes
+// store's API requests and block waits).
+type storeCollectors interface {
+	Collectors() []prometheus.Collector
+}
+
+// registerStore adds st's own metrics, if it has any.
+func (m *metrics) registerStore(st any) {
+	if sc, ok := st.(storeCollectors); ok {
+		m.reg.MustRegister(sc.Collectors()...)
+	}
+}
+
 func (m *metrics) observe(frontdoor, verb string, code uint, d time.Duration) {
 	m.requests.WithLabelValues(frontdoor, verb, strconv.FormatUint(uint64(code), 10)).Inc()
 	m.duration.WithLabelValues(frontdoor, verb).Observe(d.Seconds())

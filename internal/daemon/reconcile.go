@@ -29,7 +29,9 @@ import (
 //  3. an attachment whose host link is gone AND whose netns path no longer
 //     exists belongs to a container that is gone: it is released. One whose
 //     netns still exists is kept — its runtime will DEL it, or GC will.
-//  4. the export table is set to the blocks this node owns.
+//  4. with a store whose blocks are shared by the cluster (Kubernetes
+//     mode), blocks of this node that no attachment uses are given back;
+//  5. the export table is set to the blocks this node owns.
 //
 // Step 2 is refused (see checkLeftovers) when the store cannot be the one
 // that describes these links, unless Config.ReconcileForce.
@@ -105,8 +107,14 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		}
 		removed++
 	}
+	freed, err := d.ipam.FreeUnusedBlocks(ctx)
+	if err != nil {
+		// Not fatal: the blocks stay this node's until the next start.
+		d.log.Warn("reconcile: free unused blocks", "err", err)
+	}
 	d.exportBlocks()
-	d.log.Info("reconciled", "attachments", restored, "released", released, "leftoverLinks", removed, "took", time.Since(start).Round(time.Millisecond))
+	d.log.Info("reconciled", "attachments", restored, "released", released, "leftoverLinks", removed, "freedBlocks", freed,
+		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

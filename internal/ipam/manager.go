@@ -37,12 +37,35 @@ type Options struct {
 	OnBlocksChanged func()
 }
 
+// BlockGranter is implemented by stores where a central allocator (the
+// skein controller, in Kubernetes mode) chooses which block a node gets:
+// the node asks for any block of a pool and cannot pick an index.
+//
+// With such a store the Manager asks GrantBlock when a node's blocks of a
+// pool are full, and gives a block back (ReleaseBlock) as soon as its last
+// address is released: blocks are shared by the cluster and a node keeps
+// only what it uses.
+type BlockGranter interface {
+	// GrantBlock returns a block of pool newly owned by node. It waits for
+	// the allocator, but not forever: ErrTryAgain when it did not answer
+	// in time (nothing is left half-made), ErrExhausted when the pool has
+	// no free block, ErrPoolNotFound for an unknown pool.
+	GrantBlock(ctx context.Context, pool, node string) (store.Block, error)
+}
+
+// ErrTryAgain: the block allocator did not answer in time; the request
+// may succeed later (CNI code 11).
+var ErrTryAgain = errors.New("try again later")
+
 // Manager hands out addresses from pools. Each pool has its own lock held
 // for microseconds while a bitmap is searched; there is no lock shared by
 // all ADDs. Claiming a new block (a store write) happens under the pool's
-// lock, once per 2^bits addresses.
+// lock, once per 2^bits addresses; with a BlockGranter store that includes
+// the wait for the allocator, so the pool's other requests on this node
+// wait with it (for at most the store's grant timeout each).
 type Manager struct {
 	st      store.Store
+	granter BlockGranter // nil: the node claims blocks in the store itself
 	node    string
 	changed func()
 
@@ -77,7 +100,9 @@ func NewManager(o Options) (*Manager, error) {
 	if changed == nil {
 		changed = func() {}
 	}
-	return &Manager{st: o.Store, node: o.Node, changed: changed, pools: map[string]*poolState{}}, nil
+	m := &Manager{st: o.Store, node: o.Node, changed: changed, pools: map[string]*poolState{}}
+	m.granter, _ = o.Store.(BlockGranter)
+	return m, nil
 }
 
 // ValidatePool checks a pool definition and fills defaults.
@@ -265,6 +290,7 @@ func (m *Manager) Allocate(ctx context.Context, r Request) (addrs []netip.Addr, 
 	defer func() {
 		if err != nil {
 			ps.release(addrs)
+			m.freeEmpty(context.WithoutCancel(ctx), ps, addrs)
 			addrs = nil
 		}
 	}()
@@ -316,6 +342,11 @@ func (m *Manager) takeStatic(ctx context.Context, ps *poolState, a netip.Addr) e
 	b := ps.blocks[bi]
 	if b == nil {
 		blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), &bi, nil)
+		if errors.Is(err, store.ErrConflict) && blk.Node == "" {
+			// A store whose allocator chooses blocks (Kubernetes mode)
+			// cannot give this node a block by number.
+			return fmt.Errorf("%w: %v is in block %d, which node %q does not hold: %v", ErrInUse, a, bi, m.node, err)
+		}
 		if errors.Is(err, store.ErrConflict) {
 			return fmt.Errorf("%w: %v is in block %d owned by node %q", ErrInUse, a, bi, blk.Node)
 		}
@@ -349,6 +380,9 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 	// an address to hand out (not every one reserved; in within, if
 	// given). A block with none is never claimed: it would fail this
 	// request and, claimed, be skipped forever after.
+	if m.granter != nil {
+		return m.takeGranted(ctx, ps, v6, within)
+	}
 	blk, err := m.claimWithin(ctx, ps, ps.geo.usableBlocks(within, v6))
 	if errors.Is(err, store.ErrExhausted) {
 		return netip.Addr{}, fmt.Errorf("%w in pool %q", ErrExhausted, ps.def.Name)
@@ -363,6 +397,58 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 		return a, nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w in pool %q (new block %d has no usable address)", ErrExhausted, ps.def.Name, blk.Index)
+}
+
+// maxGrants bounds the blocks takeGranted asks for in one request. The
+// allocator picks the block: one with no address this request can use
+// (every address reserved, or outside within) is kept — given back, it
+// would be granted again — and another is asked for.
+const maxGrants = 4
+
+// takeGranted asks the store's allocator for blocks until one has an
+// address for this request; the caller holds ps.mu.
+func (m *Manager) takeGranted(ctx context.Context, ps *poolState, v6 bool, within []netip.Prefix) (netip.Addr, error) {
+	for range maxGrants {
+		blk, err := m.granter.GrantBlock(ctx, ps.def.Name, m.node)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("get a block of pool %q: %w", ps.def.Name, err)
+		}
+		if blk.Index >= ps.geo.Blocks() {
+			if err := m.reload(ctx, ps, blk.Index); err != nil {
+				return netip.Addr{}, err
+			}
+		}
+		b := ps.addBlock(blk.Index)
+		ps.claimed = true
+		ps.cursor, _ = slices.BinarySearch(ps.order, blk.Index)
+		if a, ok := ps.takeIn(b, v6, within); ok {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w in pool %q: %d blocks granted in a row had no usable address", ErrExhausted, ps.def.Name, maxGrants)
+}
+
+// reload re-reads ps's definition when the allocator granted block index,
+// beyond the pool as this node knows it: subnets were appended to the pool
+// since it was loaded. Appending keeps every existing block's index and
+// addresses, so the blocks held stay valid. The caller holds ps.mu.
+func (m *Manager) reload(ctx context.Context, ps *poolState, index uint32) error {
+	def, err := m.st.GetPool(ctx, ps.def.Name)
+	if err != nil {
+		return fmt.Errorf("reload pool %q for granted block %d: %w", ps.def.Name, index, err)
+	}
+	geo, err := NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
+	if err != nil {
+		return fmt.Errorf("reload pool %q: %w", ps.def.Name, err)
+	}
+	if index >= geo.Blocks() {
+		return fmt.Errorf("granted block %d of pool %q, which has %d blocks", index, ps.def.Name, geo.Blocks())
+	}
+	if geo.BlockSize() != ps.geo.BlockSize() {
+		return fmt.Errorf("pool %q changed its block size from %d to %d addresses; restart skeind", ps.def.Name, ps.geo.BlockSize(), geo.BlockSize())
+	}
+	ps.def, ps.geo = def, geo
+	return nil
 }
 
 // claimWithin claims the lowest free block in ranges. The store's ok
@@ -500,8 +586,80 @@ func (m *Manager) Release(ctx context.Context, pool string, addrs []netip.Addr) 
 		return
 	}
 	ps.mu.Lock()
+	defer m.unlock(ps)
 	ps.release(addrs)
-	ps.mu.Unlock()
+	m.freeEmpty(ctx, ps, addrs)
+}
+
+// freeEmpty frees the blocks of addrs that no longer hold an address, with
+// a BlockGranter store; the caller holds ps.mu.
+func (m *Manager) freeEmpty(ctx context.Context, ps *poolState, addrs []netip.Addr) {
+	if m.granter == nil {
+		return
+	}
+	for _, a := range addrs {
+		if bi, _, ok := ps.geo.Locate(a.Unmap()); ok {
+			_ = m.freeIfEmpty(ctx, ps, bi) // kept on failure; freed on the next start
+		}
+	}
+}
+
+// freeIfEmpty gives block bi back to the store when no address of it is
+// held; the caller holds ps.mu. A failure keeps the block this node's
+// (harmless: it is freed on the next start).
+func (m *Manager) freeIfEmpty(ctx context.Context, ps *poolState, bi uint32) error {
+	b := ps.blocks[bi]
+	if b == nil || b.inUse() {
+		return nil
+	}
+	if err := m.st.ReleaseBlock(ctx, ps.def.Name, bi, m.node); err != nil {
+		return fmt.Errorf("free block %d of pool %q: %w", bi, ps.def.Name, err)
+	}
+	delete(ps.blocks, bi)
+	if pos, found := slices.BinarySearch(ps.order, bi); found {
+		ps.order = slices.Delete(ps.order, pos, pos+1)
+	}
+	ps.cursor = 0
+	ps.claimed = true
+	return nil
+}
+
+func (b *blockState) inUse() bool {
+	return b.v4 != nil && b.v4.used > b.res4 || b.v6 != nil && b.v6.used > b.res6
+}
+
+// FreeUnusedBlocks gives back every block of the loaded pools that holds
+// no address, and returns how many it freed. With a BlockGranter store it
+// runs on start, after Restore: blocks a crash left claimed but unused go
+// back to the cluster. Without one it does nothing (the embedded store
+// keeps a node's blocks).
+func (m *Manager) FreeUnusedBlocks(ctx context.Context) (int, error) {
+	if m.granter == nil {
+		return 0, nil
+	}
+	m.mu.RLock()
+	pools := make([]*poolState, 0, len(m.pools))
+	for _, ps := range m.pools {
+		pools = append(pools, ps)
+	}
+	m.mu.RUnlock()
+	freed := 0
+	var errs []error
+	for _, ps := range pools {
+		ps.mu.Lock()
+		for _, bi := range slices.Clone(ps.order) {
+			if ps.blocks[bi].inUse() {
+				continue
+			}
+			if err := m.freeIfEmpty(ctx, ps, bi); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			freed++
+		}
+		m.unlock(ps)
+	}
+	return freed, errors.Join(errs...)
 }
 
 // Restore marks addresses of an existing attachment used, on start. The

@@ -26,12 +26,17 @@ type BoltOptions struct {
 	// Timeout bounds the wait for the file lock held by another process.
 	// Zero means 5 seconds.
 	Timeout time.Duration
+	// AttachmentsOnly: pools and blocks live in another store (the
+	// Kubernetes API); an attachment's pool is not looked for in this
+	// file. False: an attachment must name a pool of this file.
+	AttachmentsOnly bool
 }
 
 // Bolt is the embedded store: one bbolt file, one host.
 type Bolt struct {
-	db   *bolt.DB
-	path string
+	db         *bolt.DB
+	path       string
+	checkPools bool
 }
 
 var _ Store = (*Bolt)(nil)
@@ -60,7 +65,7 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("initialise store %q: %w", path, err)
 	}
-	return &Bolt{db: db, path: path}, nil
+	return &Bolt{db: db, path: path, checkPools: !o.AttachmentsOnly}, nil
 }
 
 func (s *Bolt) Describe() string { return "bolt:" + s.path }
@@ -268,7 +273,7 @@ func (s *Bolt) PutAttachment(ctx context.Context, a Attachment) error {
 		}
 		// A pool deleted between allocation and this write must not
 		// gain a holder it will never see.
-		if a.Pool != "" && tx.Bucket(bucketPools).Get([]byte(a.Pool)) == nil {
+		if s.checkPools && a.Pool != "" && tx.Bucket(bucketPools).Get([]byte(a.Pool)) == nil {
 			return fmt.Errorf("pool %q of attachment %s: %w", a.Pool, a.AttachmentKey, ErrNotFound)
 		}
 		return b.Put(key, v)

@@ -521,3 +521,26 @@ func TestConcurrentClaimBlock(t *testing.T) {
 		t.Fatalf("%d blocks claimed, want %d", len(owner), limit)
 	}
 }
+
+// TestAttachmentsOnly: with pools kept elsewhere (Kubernetes mode) an
+// attachment is stored whatever its pool; by default a missing pool is
+// refused.
+func TestAttachmentsOnly(t *testing.T) {
+	ctx := context.Background()
+	a := Attachment{AttachmentKey: AttachmentKey{Network: "n", ContainerID: "c", IfName: "eth0"}, Pool: "from-the-api"}
+	def, _ := openTest(t)
+	if err := def.PutAttachment(ctx, a); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("default store, attachment of a missing pool: %v, want ErrNotFound", err)
+	}
+	only, err := OpenBolt(filepath.Join(t.TempDir(), "a.db"), BoltOptions{AttachmentsOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer only.Close()
+	if err := only.PutAttachment(ctx, a); err != nil {
+		t.Fatalf("AttachmentsOnly store: %v", err)
+	}
+	if got, err := only.GetAttachment(ctx, a.AttachmentKey); err != nil || got.Pool != a.Pool {
+		t.Fatalf("read back: %+v, %v", got, err)
+	}
+}

@@ -7,8 +7,9 @@
 // so a crash of skeind at any point never lets an address be handed out
 // twice: on restart the allocator is rebuilt from the attachments here.
 //
-// Implementations: Bolt (embedded, one host). A Kubernetes implementation
-// backed by CRDs follows the same interface.
+// Implementations: Bolt (embedded, one host) and, in internal/kubestore,
+// the Kubernetes store: pools and blocks in the API server, attachments in
+// a Bolt file opened with AttachmentsOnly.
 package store
 
 import (
