@@ -114,8 +114,10 @@ func TestAddressPoolStatus(t *testing.T) {
 	}
 	ctx := context.Background()
 	startAll(t, env, Options{})
-	newNode(t, c, "n1")                                                                                                           // without it, the node's blocks are garbage
-	p := newPool("status", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.100.0.0/27")}, skeinv1.SubnetSet{IPv4: ptr.To("10.100.1.0/26")}) // 3 blocks
+	// Without the Node, its blocks would be garbage.
+	newNode(t, c, "n1")
+	// Three blocks.
+	p := newPool("status", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.100.0.0/27")}, skeinv1.SubnetSet{IPv4: ptr.To("10.100.1.0/26")})
 	if err := c.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
