@@ -49,6 +49,8 @@ type flags struct {
 	gcInterval  time.Duration
 	logLevel    string
 	logFormat   string
+	qps         float32
+	burst       int
 
 	leaderElect   bool
 	leaseNS       string
@@ -78,6 +80,8 @@ func newCommand() *cobra.Command {
 	f.StringVar(&fl.metricsAddr, "metrics-addr", ":9386", `address of the Prometheus metrics endpoint (/metrics); "0" turns it off`)
 	f.StringVar(&fl.healthAddr, "health-addr", ":9387", `address of the probes (/healthz, /readyz); "0" turns them off`)
 	f.DurationVar(&fl.gcInterval, "gc-interval", 10*time.Minute, "time between sweeps for blocks and requests of deleted nodes")
+	f.Float32Var(&fl.qps, "kube-api-qps", 100, "requests per second to the API server, sustained (client-side limit)")
+	f.IntVar(&fl.burst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
 	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&fl.logFormat, "log-format", "text", "text or json")
 	f.BoolVar(&fl.leaderElect, "leader-elect", true, "run only while holding the Lease, so that one replica of several works at a time")
@@ -91,6 +95,9 @@ func newCommand() *cobra.Command {
 
 // check refuses flag values the manager would take badly or silently.
 func (fl flags) check() error {
+	if fl.qps <= 0 || fl.burst <= 0 {
+		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d: both must be positive", fl.qps, fl.burst)
+	}
 	if fl.gcInterval <= 0 {
 		return fmt.Errorf("--gc-interval %v: must be positive", fl.gcInterval)
 	}
@@ -121,6 +128,9 @@ func run(ctx context.Context, fl flags) error {
 	if err != nil {
 		return err
 	}
+	// controller-runtime's default (20/s) paces a failover's catch-up:
+	// each request costs three writes, each block a pool status write.
+	cfg.QPS, cfg.Burst = fl.qps, fl.burst
 	mgr, err := ctrl.NewManager(cfg, managerOptions(fl))
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
