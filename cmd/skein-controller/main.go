@@ -135,7 +135,7 @@ func run(ctx context.Context, fl flags) error {
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if err := controller.Setup(ctx, mgr, controller.Options{GCInterval: fl.gcInterval}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{GCInterval: fl.gcInterval}); err != nil {
 		return err
 	}
 	if err := setupWebhook(mgr); err != nil {

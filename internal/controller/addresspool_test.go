@@ -35,7 +35,7 @@ func startAll(t *testing.T, env *kube.Env, opts Options) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := Setup(ctx, mgr, opts); err != nil {
+	if err := Setup(mgr, opts); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

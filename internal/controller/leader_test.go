@@ -50,7 +50,7 @@ func startElected(t *testing.T, env *kube.Env, name string) *electedManager {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := Setup(ctx, mgr, Options{}); err != nil {
+	if err := Setup(mgr, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	m := &electedManager{mgr: mgr, cancel: cancel, done: make(chan error, 1)}

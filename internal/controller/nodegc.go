@@ -21,9 +21,6 @@ import (
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
 
-// IndexRequestNode indexes BlockRequests by spec.nodeName in the cache.
-const IndexRequestNode = "spec.nodeName"
-
 // NodeGCReconciler removes what a deleted Node leaves behind: its
 // AddressBlocks (taking off the block finalizer, which only the node's
 // skeind would otherwise remove) and its BlockRequests.
@@ -37,8 +34,7 @@ const IndexRequestNode = "spec.nodeName"
 // request each Interval (dangling objects from a time it was not
 // watching).
 type NodeGCReconciler struct {
-	// Client reads through the manager's cache and writes; the cache must
-	// index BlockRequests by IndexRequestNode (SetupWithManager does it).
+	// Client reads through the manager's cache and writes.
 	Client client.Client
 	// Reader confirms past the cache that a Node is gone (the cache may
 	// not have seen a Node made a moment ago); nil means Client.
@@ -47,14 +43,9 @@ type NodeGCReconciler struct {
 	Interval time.Duration
 }
 
-// SetupWithManager registers the reconciler, its index and its periodic
-// sweep (which, like the reconcilers, runs only on the leader).
-func (r *NodeGCReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &skeinv1.BlockRequest{}, IndexRequestNode, func(o client.Object) []string {
-		return []string{o.(*skeinv1.BlockRequest).Spec.NodeName}
-	}); err != nil {
-		return fmt.Errorf("index BlockRequests by node: %w", err)
-	}
+// SetupWithManager registers the reconciler and its periodic sweep
+// (which, like the reconcilers, runs only on the leader).
+func (r *NodeGCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.Node{}, builder.OnlyMetadata).
 		Watches(&skeinv1.AddressBlock{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -93,13 +84,15 @@ func (r *NodeGCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	for i := range blocks.Items {
 		errs = append(errs, r.removeBlock(ctx, &blocks.Items[i]))
 	}
+	// Requests live for seconds (the node deletes its own once answered),
+	// so there are few: filtered here rather than indexed.
 	var reqs skeinv1.BlockRequestList
-	if err := r.Client.List(ctx, &reqs, client.MatchingFields{IndexRequestNode: req.Name}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("list requests of node %s: %w", req.Name, err)
+	if err := r.Client.List(ctx, &reqs); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list requests: %w", err)
 	}
 	for i := range reqs.Items {
 		br := &reqs.Items[i]
-		if !br.DeletionTimestamp.IsZero() {
+		if br.Spec.NodeName != req.Name || !br.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if err := r.Client.Delete(ctx, br); client.IgnoreNotFound(err) != nil {

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -18,7 +17,7 @@ type Options struct {
 // Setup registers all of skein-controller's reconcilers with mgr: block
 // requests, pool status and finalizer, and the garbage collection of
 // deleted nodes. They run only while mgr leads, if it elects a leader.
-func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
+func Setup(mgr ctrl.Manager, opts Options) error {
 	reader := mgr.GetAPIReader()
 	if err := (&BlockRequestReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BlockRequest reconciler: %w", err)
@@ -27,7 +26,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("set up the AddressPool reconciler: %w", err)
 	}
 	gc := &NodeGCReconciler{Client: mgr.GetClient(), Reader: reader, Interval: opts.GCInterval}
-	if err := gc.SetupWithManager(ctx, mgr); err != nil {
+	if err := gc.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node garbage collector: %w", err)
 	}
 	return nil
