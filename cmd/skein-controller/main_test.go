@@ -18,6 +18,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -49,6 +50,54 @@ func TestFlagCheck(t *testing.T) {
 	}
 }
 
+// controllerUser is who the binaries run as, with only the permissions
+// the README lists.
+const controllerUser = "skein-controller"
+
+func grantControllerRole(t *testing.T, c client.Client) {
+	t.Helper()
+	rule := func(group string, resources, verbs []string) rbacv1.PolicyRule {
+		return rbacv1.PolicyRule{APIGroups: []string{group}, Resources: resources, Verbs: verbs}
+	}
+	read := []string{"get", "list", "watch"}
+	subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: controllerUser}}
+	objs := []client.Object{
+		&rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: controllerUser},
+			Rules: []rbacv1.PolicyRule{
+				rule("skein.dev", []string{"addresspools"}, append(read, "update")),
+				rule("skein.dev", []string{"addresspools/status", "addresspools/finalizers"}, []string{"update"}),
+				rule("skein.dev", []string{"addressblocks"}, append(read, "create", "delete", "patch")),
+				rule("skein.dev", []string{"blockrequests"}, append(read, "delete")),
+				rule("skein.dev", []string{"blockrequests/status"}, []string{"update"}),
+				rule("", []string{"nodes"}, read),
+			},
+		},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: controllerUser},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: controllerUser},
+			Subjects:   subject,
+		},
+		&rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: controllerUser},
+			Rules: []rbacv1.PolicyRule{
+				rule("coordination.k8s.io", []string{"leases"}, []string{"get", "create", "update"}),
+				rule("", []string{"events"}, []string{"create", "patch"}),
+			},
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: controllerUser},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: controllerUser},
+			Subjects:   subject,
+		},
+	}
+	for _, o := range objs {
+		if err := c.Create(context.Background(), o); err != nil {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
 // controllerProc is a running skein-controller binary.
 type controllerProc struct {
 	cmd     *exec.Cmd
@@ -70,7 +119,7 @@ func freeAddr(t *testing.T) string {
 // waits until its health endpoint answers.
 func startBinary(t *testing.T, env *kube.Env, name string) *controllerProc {
 	t.Helper()
-	kc, err := env.WriteKubeconfig(kube.AdminUser)
+	kc, err := env.WriteKubeconfig(controllerUser)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,12 +213,13 @@ func leaseHolder(t *testing.T, c client.Client) string {
 // the skein metrics; SIGKILLed in the middle of a burst, the second takes
 // over once the Lease expires and serves every request, no index twice.
 func TestBinary(t *testing.T) {
-	env := kube.Start(t, kube.Options{})
+	env := kube.Start(t, kube.Options{Users: []kube.User{{Name: controllerUser}}})
 	c, err := kube.NewClient(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	grantControllerRole(t, c)
 	const nodes = 4
 	for i := range nodes {
 		if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bin-n%d", i)}}); err != nil {
@@ -310,4 +360,36 @@ func TestBinary(t *testing.T) {
 		}
 		return ""
 	})
+
+	// A Node deleted: its blocks and requests go, the pool's status follows.
+	if err := c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bin-n0"}}); err != nil {
+		t.Fatal(err)
+	}
+	left := 8 + n - (8+n+nodes-1)/nodes // requests i with i%nodes == 0 were bin-n0's
+	waitFor(t, "the deleted node's objects removed", func() string {
+		var bl skeinv1.AddressBlockList
+		if err := c.List(ctx, &bl, client.MatchingLabels{skeinv1.LabelNode: "bin-n0"}); err != nil {
+			return err.Error()
+		}
+		var rl skeinv1.BlockRequestList
+		if err := c.List(ctx, &rl); err != nil {
+			return err.Error()
+		}
+		p := &skeinv1.AddressPool{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "bin"}, p); err != nil {
+			return err.Error()
+		}
+		if len(bl.Items) > 0 || len(rl.Items) != left || p.Status.BlocksAllocated != int64(left) {
+			return fmt.Sprintf("%d blocks of bin-n0, %d requests (want %d), pool status %d blocks",
+				len(bl.Items), len(rl.Items), left, p.Status.BlocksAllocated)
+		}
+		return ""
+	})
+
+	// The permissions granted were enough for everything done.
+	for _, p := range []*controllerProc{a, b} {
+		if log, _ := os.ReadFile(p.log); strings.Contains(string(log), "forbidden") {
+			t.Errorf("%s was refused something:\n%s", p.log, log)
+		}
+	}
 }
