@@ -155,11 +155,14 @@ func run(ctx context.Context, fl flags) error {
 }
 
 // setupWebhook is where the AddressPool validating webhook joins the
-// manager (internal/webhook's Add, with its serving certificate made and
-// rotated by the controller). It serves on every replica, leader or not.
+// manager: internal/webhook's Add(mgr, webhook.Options{...}), which makes
+// and rotates its serving certificate and patches the caBundle. Webhooks
+// serve on every replica, leader or not (the API server may call any).
 //
-// WEBHOOK: wire internal/webhook.Add(mgr, webhook.Options{...}) here, with
-// its flags added to flags and newCommand.
+// WEBHOOK: call webhook.Add here; put its flags (port, certificate
+// directory, configuration name…) in flags and newCommand, and, if it
+// needs the manager's webhook server configured (port, CertDir), set
+// ctrl.Options.WebhookServer in managerOptions.
 func setupWebhook(mgr manager.Manager) error {
 	_ = mgr
 	return nil
