@@ -52,7 +52,7 @@ func (r *BlockRequestReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&skeinv1.BlockRequest{}).
 		Named("blockrequest").
-		Complete(r)
+		Complete(countErrors("blockrequest", r))
 }
 
 // Reconcile serves one BlockRequest.
@@ -237,6 +237,7 @@ func (r *BlockRequestReconciler) complete(ctx context.Context, br *skeinv1.Block
 	if err := r.Client.Status().Update(ctx, br); err != nil {
 		return requeueOnConflict(err, "complete request %s", br.Name)
 	}
+	observeAnswer(resultComplete, br.CreationTimestamp.Time)
 	log.FromContext(ctx).V(1).Info("carved block", "block", blk.Name, "node", br.Spec.NodeName)
 	return ctrl.Result{}, nil
 }
@@ -253,6 +254,7 @@ func (r *BlockRequestReconciler) fail(ctx context.Context, br *skeinv1.BlockRequ
 	if err := r.Client.Status().Update(ctx, br); err != nil {
 		return requeueOnConflict(err, "fail request %s", br.Name)
 	}
+	observeAnswer(reason, br.CreationTimestamp.Time)
 	log.FromContext(ctx).Info("block request failed", "reason", reason, "message", msg)
 	return ctrl.Result{}, nil
 }

@@ -1,0 +1,230 @@
+// Command skein-controller runs skein's cluster-wide reconcilers (block
+// requests, pool status, garbage collection of deleted nodes) in a
+// controller-runtime manager, one replica at a time through leader
+// election on a Lease: flags and wiring only, the work is in
+// internal/controller.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/controller"
+)
+
+// buildVersion is set by the Makefile's -ldflags.
+var buildVersion = "dev"
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "skein-controller:", err)
+		os.Exit(1)
+	}
+}
+
+// flags are the command line.
+type flags struct {
+	kubeconfig  string
+	metricsAddr string
+	healthAddr  string
+	gcInterval  time.Duration
+	logLevel    string
+	logFormat   string
+	qps         float32
+	burst       int
+
+	leaderElect   bool
+	leaseNS       string
+	leaseName     string
+	leaseDuration time.Duration
+	renewDeadline time.Duration
+	retryPeriod   time.Duration
+}
+
+func newCommand() *cobra.Command {
+	var fl flags
+	cmd := &cobra.Command{
+		Use:           "skein-controller",
+		Short:         "skein's cluster controller: carves blocks for nodes, keeps pool status, collects what deleted nodes leave",
+		Version:       buildVersion,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, fl)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&fl.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster configuration")
+	f.StringVar(&fl.metricsAddr, "metrics-addr", ":9386", `address of the Prometheus metrics endpoint (/metrics); "0" turns it off`)
+	f.StringVar(&fl.healthAddr, "health-addr", ":9387", `address of the probes (/healthz, /readyz); "0" turns them off`)
+	f.DurationVar(&fl.gcInterval, "gc-interval", 10*time.Minute, "time between sweeps for blocks and requests of deleted nodes")
+	f.Float32Var(&fl.qps, "kube-api-qps", 100, "requests per second to the API server, sustained (client-side limit)")
+	f.IntVar(&fl.burst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
+	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&fl.logFormat, "log-format", "text", "text or json")
+	f.BoolVar(&fl.leaderElect, "leader-elect", true, "run only while holding the Lease, so that one replica of several works at a time")
+	f.StringVar(&fl.leaseNS, "leader-elect-namespace", "", "namespace of the Lease; empty means the controller's own (in a cluster)")
+	f.StringVar(&fl.leaseName, "leader-elect-name", "skein-controller", "name of the Lease")
+	f.DurationVar(&fl.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease not renewed holds off the other replicas")
+	f.DurationVar(&fl.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
+	f.DurationVar(&fl.retryPeriod, "leader-elect-retry-period", 2*time.Second, "time between attempts to take or renew the Lease")
+	return cmd
+}
+
+// check refuses flag values the manager would take badly or silently.
+func (fl flags) check() error {
+	if fl.qps <= 0 || fl.burst <= 0 {
+		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d: both must be positive", fl.qps, fl.burst)
+	}
+	if fl.gcInterval <= 0 {
+		return fmt.Errorf("--gc-interval %v: must be positive", fl.gcInterval)
+	}
+	if !fl.leaderElect {
+		return nil
+	}
+	if fl.leaseName == "" {
+		return errors.New("--leader-elect-name is empty")
+	}
+	if fl.retryPeriod <= 0 || fl.renewDeadline <= fl.retryPeriod || fl.leaseDuration <= fl.renewDeadline {
+		return fmt.Errorf("lease timings must satisfy 0 < retry period (%v) < renew deadline (%v) < lease duration (%v)",
+			fl.retryPeriod, fl.renewDeadline, fl.leaseDuration)
+	}
+	return nil
+}
+
+func run(ctx context.Context, fl flags) error {
+	if err := fl.check(); err != nil {
+		return err
+	}
+	logger, err := newLogger(fl.logLevel, fl.logFormat)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(logger)
+
+	cfg, err := restConfig(fl.kubeconfig)
+	if err != nil {
+		return err
+	}
+	// controller-runtime's default (20/s) paces a failover's catch-up:
+	// each request costs three writes, each block a pool status write.
+	cfg.QPS, cfg.Burst = fl.qps, fl.burst
+	mgr, err := ctrl.NewManager(cfg, managerOptions(fl))
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	if err := controller.Setup(mgr, controller.Options{GCInterval: fl.gcInterval}); err != nil {
+		return err
+	}
+	if err := setupWebhook(mgr); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add ready check: %w", err)
+	}
+	logger.Info("starting", "version", buildVersion, "leaderElection", fl.leaderElect, "lease", fl.leaseNS+"/"+fl.leaseName)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	return nil
+}
+
+// setupWebhook is where the AddressPool validating webhook joins the
+// manager: internal/webhook's Add(mgr, webhook.Options{...}), which makes
+// and rotates its serving certificate and patches the caBundle. Webhooks
+// serve on every replica, leader or not (the API server may call any).
+//
+// WEBHOOK: call webhook.Add here; put its flags (port, certificate
+// directory, configuration name…) in flags and newCommand, and, if it
+// needs the manager's webhook server configured (port, CertDir), set
+// ctrl.Options.WebhookServer in managerOptions.
+func setupWebhook(mgr manager.Manager) error {
+	_ = mgr
+	return nil
+}
+
+// scheme knows the built-in kinds (Node, Lease, Event) and skein.dev.
+func scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(skeinv1.AddToScheme(s))
+	return s
+}
+
+func managerOptions(fl flags) ctrl.Options {
+	return ctrl.Options{
+		Scheme:                 scheme(),
+		Metrics:                metricsserver.Options{BindAddress: fl.metricsAddr},
+		HealthProbeBindAddress: fl.healthAddr,
+		LeaderElection:         fl.leaderElect,
+		LeaderElectionID:       fl.leaseName,
+		// Empty: the namespace of the pod, read from its service account.
+		LeaderElectionNamespace: fl.leaseNS,
+		// A replica told to stop gives the Lease up at once, so the next
+		// takes over without waiting for it to expire. Safe: the process
+		// ends right after.
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &fl.leaseDuration,
+		RenewDeadline:                 &fl.renewDeadline,
+		RetryPeriod:                   &fl.retryPeriod,
+	}
+}
+
+// restConfig reads kubeconfig, or the in-cluster configuration when it is
+// empty.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster configuration (give --kubeconfig outside a cluster): %w", err)
+		}
+		c.UserAgent = "skein-controller"
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("read kubeconfig %s: %w", kubeconfig, err)
+	}
+	c.UserAgent = "skein-controller"
+	return c, nil
+}
+
+func newLogger(level, format string) (logr.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return logr.Logger{}, fmt.Errorf("--log-level: %w", err)
+	}
+	o := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, o)), nil
+	case "json":
+		return logr.FromSlogHandler(slog.NewJSONHandler(os.Stderr, o)), nil
+	}
+	return logr.Logger{}, fmt.Errorf("--log-format %q: want text or json", format)
+}

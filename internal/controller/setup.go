@@ -1,0 +1,33 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// Options configures Setup. The zero value is usable.
+type Options struct {
+	// GCInterval is the time between sweeps for blocks and requests of
+	// deleted nodes; zero means 10 minutes.
+	GCInterval time.Duration
+}
+
+// Setup registers all of skein-controller's reconcilers with mgr: block
+// requests, pool status and finalizer, and the garbage collection of
+// deleted nodes. They run only while mgr leads, if it elects a leader.
+func Setup(mgr ctrl.Manager, opts Options) error {
+	reader := mgr.GetAPIReader()
+	if err := (&BlockRequestReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the BlockRequest reconciler: %w", err)
+	}
+	if err := (&AddressPoolReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the AddressPool reconciler: %w", err)
+	}
+	gc := &NodeGCReconciler{Client: mgr.GetClient(), Reader: reader, Interval: opts.GCInterval}
+	if err := gc.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the node garbage collector: %w", err)
+	}
+	return nil
+}
