@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/controller"
+	"github.com/skeinnet/skein/internal/webhook"
 )
 
 // buildVersion is set by the Makefile's -ldflags.
@@ -58,6 +60,8 @@ type flags struct {
 	leaseDuration time.Duration
 	renewDeadline time.Duration
 	retryPeriod   time.Duration
+
+	webhook webhook.Options
 }
 
 func newCommand() *cobra.Command {
@@ -90,6 +94,13 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&fl.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease not renewed holds off the other replicas")
 	f.DurationVar(&fl.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
 	f.DurationVar(&fl.retryPeriod, "leader-elect-retry-period", 2*time.Second, "time between attempts to take or renew the Lease")
+	f.IntVar(&fl.webhook.Port, "webhook-port", webhook.DefaultPort, "port of the AddressPool validating webhook (TLS); 0 turns the webhook off")
+	f.StringVar(&fl.webhook.Host, "webhook-bind-address", "0.0.0.0", "address the webhook listens on")
+	f.StringVar(&fl.webhook.Namespace, "webhook-namespace", "", "namespace of the webhook's Service and certificate Secret; empty means the controller's own (in a cluster), else "+webhook.DefaultNamespace)
+	f.StringVar(&fl.webhook.ServiceName, "webhook-service", webhook.DefaultServiceName, "name of the Service in front of the webhook (its certificate is made for it)")
+	f.StringVar(&fl.webhook.ConfigName, "webhook-config", webhook.DefaultConfigName, "ValidatingWebhookConfiguration whose caBundle the controller keeps current")
+	f.StringVar(&fl.webhook.SecretName, "webhook-secret", webhook.DefaultSecretName, "Secret holding the webhook's CA and serving certificate, shared by the replicas")
+	f.DurationVar(&fl.webhook.Validity, "webhook-cert-validity", webhook.DefaultValidity, "validity of each serving certificate; rotated when a third is left")
 	return cmd
 }
 
@@ -138,7 +149,7 @@ func run(ctx context.Context, fl flags) error {
 	if err := controller.Setup(mgr, controller.Options{GCInterval: fl.gcInterval}); err != nil {
 		return err
 	}
-	if err := setupWebhook(mgr); err != nil {
+	if err := setupWebhook(mgr, fl.webhook); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -154,18 +165,32 @@ func run(ctx context.Context, fl flags) error {
 	return nil
 }
 
-// setupWebhook is where the AddressPool validating webhook joins the
-// manager: internal/webhook's Add(mgr, webhook.Options{...}), which makes
-// and rotates its serving certificate and patches the caBundle. Webhooks
-// serve on every replica, leader or not (the API server may call any).
-//
-// WEBHOOK: call webhook.Add here; put its flags (port, certificate
-// directory, configuration name…) in flags and newCommand, and, if it
-// needs the manager's webhook server configured (port, CertDir), set
-// ctrl.Options.WebhookServer in managerOptions.
-func setupWebhook(mgr manager.Manager) error {
-	_ = mgr
+// setupWebhook adds the AddressPool validating webhook (internal/webhook)
+// to the manager: it serves on every replica, leader or not, since the API
+// server may call any of them behind the Service, and it makes, shares
+// (through a Secret) and rotates its own serving certificate, patching the
+// caBundle of the webhook configuration. Port 0 leaves it out.
+func setupWebhook(mgr manager.Manager, opts webhook.Options) error {
+	if opts.Port == 0 {
+		return nil
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = ownNamespace()
+	}
+	if err := webhook.Add(mgr, opts); err != nil {
+		return fmt.Errorf("set up the validating webhook: %w", err)
+	}
 	return nil
+}
+
+// ownNamespace is the pod's namespace, from its service account; outside a
+// cluster, empty (the webhook's default applies).
+func ownNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // scheme knows the built-in kinds (Node, Lease, Event) and skein.dev.

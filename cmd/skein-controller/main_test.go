@@ -133,7 +133,7 @@ func startBinary(t *testing.T, env *kube.Env, name string) *controllerProc {
 	p.cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"),
 		"--kubeconfig", kc, "--metrics-addr", metricsAddr, "--health-addr", healthAddr,
 		"--leader-elect-namespace", "kube-system", "--leader-elect-lease-duration", "3s",
-		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms", "--gc-interval", "2s")
+		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms", "--gc-interval", "2s", "--webhook-port", "0")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
