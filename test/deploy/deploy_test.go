@@ -15,8 +15,10 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/test/kube"
@@ -25,6 +27,9 @@ import (
 const (
 	namespace = "skein-system"
 	image     = "skein:dev"
+	// The names internal/webhook uses by default.
+	webhookService = "skein-controller-webhook"
+	webhookConfig  = "skein-addresspool-validation"
 )
 
 func base(t *testing.T) string {
@@ -104,21 +109,62 @@ func checkController(ctx context.Context, t *testing.T, c client.Client) {
 	}
 
 	// The webhook Service reaches the controller's webhook port.
-	var svc corev1.Service
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "skein-webhook"}, &svc); err != nil {
+	checkService(ctx, t, c, webhookService, 443, d)
+
+	// A webhook configuration in the base (deploy/kubernetes/webhook, once
+	// listed) must call a Service of the base that reaches the controller.
+	var vwcs admissionregistrationv1.ValidatingWebhookConfigurationList
+	if err := c.List(ctx, &vwcs, client.MatchingLabels{"app.kubernetes.io/part-of": "skein"}); err != nil {
 		t.Fatal(err)
+	}
+	if len(vwcs.Items) == 0 {
+		t.Logf("no ValidatingWebhookConfiguration in the base (deploy/kubernetes/webhook not listed)")
+	}
+	for _, cfg := range vwcs.Items {
+		if cfg.Name != webhookConfig {
+			t.Errorf("ValidatingWebhookConfiguration %s: the controller may only write %s", cfg.Name, webhookConfig)
+		}
+		for _, w := range cfg.Webhooks {
+			s := w.ClientConfig.Service
+			if s == nil || s.Namespace != namespace {
+				t.Errorf("webhook %s does not call a Service in %s: %+v", w.Name, namespace, w.ClientConfig)
+				continue
+			}
+			port := int32(443)
+			if s.Port != nil {
+				port = *s.Port
+			}
+			checkService(ctx, t, c, s.Name, port, d)
+		}
+	}
+}
+
+// checkService checks that Service name selects d's pods and sends port
+// to a port of its container.
+func checkService(ctx context.Context, t *testing.T, c client.Client, name string, port int32, d appsv1.Deployment) {
+	t.Helper()
+	var svc corev1.Service
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Spec.Selector) == 0 {
+		t.Errorf("Service %s selects nothing", name)
 	}
 	for k, v := range svc.Spec.Selector {
 		if d.Spec.Template.Labels[k] != v {
-			t.Errorf("webhook Service selects %s=%s, the controller's pods are labelled %v", k, v, d.Spec.Template.Labels)
+			t.Errorf("Service %s selects %s=%s, the controller's pods are labelled %v", name, k, v, d.Spec.Template.Labels)
 		}
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 443 {
-		t.Fatalf("webhook Service ports %+v, want one on 443", svc.Spec.Ports)
+	i := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == port })
+	if i < 0 {
+		t.Fatalf("Service %s has no port %d: %+v", name, port, svc.Spec.Ports)
 	}
-	target := svc.Spec.Ports[0].TargetPort.String()
-	if !slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool { return p.Name == target }) {
-		t.Errorf("webhook Service targets port %q, the controller has %+v", target, ctr.Ports)
+	target := svc.Spec.Ports[i].TargetPort
+	ctr := d.Spec.Template.Spec.Containers[0]
+	if !slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool {
+		return target.Type == intstr.String && p.Name == target.StrVal || target.Type == intstr.Int && p.ContainerPort == target.IntVal
+	}) {
+		t.Errorf("Service %s sends port %d to %s, the controller has %+v", name, port, target.String(), ctr.Ports)
 	}
 }
 
@@ -213,10 +259,27 @@ func checkSkeind(ctx context.Context, t *testing.T, c client.Client) {
 	}
 }
 
+// checkImage checks that ctr runs skein's image and one of the binaries
+// the Dockerfile (and hack/mkimage, which a test keeps in step) puts in it.
 func checkImage(t *testing.T, ctr corev1.Container) {
 	t.Helper()
 	if ctr.Image != image {
 		t.Errorf("container %s runs %q, want %q", ctr.Name, ctr.Image, image)
+	}
+	b, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inImage []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == "COPY" {
+			for _, src := range f[1 : len(f)-1] {
+				inImage = append(inImage, filepath.Join(f[len(f)-1], filepath.Base(src)))
+			}
+		}
+	}
+	if len(ctr.Command) == 0 || !slices.Contains(inImage, ctr.Command[0]) {
+		t.Errorf("container %s runs %q; the image holds %q", ctr.Name, ctr.Command, inImage)
 	}
 }
 
@@ -257,11 +320,15 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"create", leases, "", namespace, true},
 			{"update", leases, "", namespace, true},
 			{"create", leases, "", "kube-system", false},
-			{"get", "secrets", "", namespace, true},
+			{"get", "secrets/skein-webhook-cert", "", namespace, true},
+			{"update", "secrets/skein-webhook-cert", "", namespace, true},
 			{"create", "secrets", "", namespace, true},
-			{"get", "secrets", "", "kube-system", false},
-			{"list", "secrets", "", "", false},
-			{"patch", vwc + "/skein-webhook", "", "", true},
+			{"get", "secrets/another", "", namespace, false},
+			{"list", "secrets", "", namespace, false},
+			{"get", "secrets/skein-webhook-cert", "", "kube-system", false},
+			{"create", "secrets", "", "kube-system", false},
+			{"get", vwc + "/" + webhookConfig, "", "", true},
+			{"update", vwc + "/" + webhookConfig, "", "", true},
 			{"patch", vwc + "/someone-elses", "", "", false},
 			{"create", vwc, "", "", false},
 			{"list", vwc, "", "", false},
@@ -285,14 +352,15 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"update", requests, "", "", false},
 			{"update", requests, "status", "", false},
 			{"list", blocks, "", "", true},
-			{"update", blocks, "", "", true}, // the block's finalizer
+			{"update", blocks, "", "", true}, // freeing: delete, then the finalizer
+			{"patch", blocks, "", "", true},
+			{"delete", blocks, "", "", true},
 			{"create", blocks, "", "", false},
-			{"delete", blocks, "", "", false},
 			{"create", "events", "", "default", true},
 			{"get", "secrets", "", namespace, false},
 			{"create", leases, "", namespace, false},
 			{"list", "pods", "", "", false},
-			{"patch", vwc + "/skein-webhook", "", "", false},
+			{"patch", vwc + "/" + webhookConfig, "", "", false},
 		},
 	}
 	for sa, rules := range table {
