@@ -112,3 +112,12 @@ proto:
 
 clean:
 	rm -rf $(BIN)
+
+# One image FROM scratch holding the static binaries, written without a
+# container engine as an image tarball (docker load -i, podman load -i,
+# kind load image-archive) by hack/mkimage; the Dockerfile makes the same
+# image with an engine. deploy/kubernetes runs IMAGE.
+IMAGE ?= skein:dev
+.PHONY: image
+image: build
+	$(GO) run ./hack/mkimage -bin $(BIN) -out $(BIN)/skein-image.tar -tag $(IMAGE) -version $(VERSION)

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/api/rpc"
 )
@@ -23,11 +24,19 @@ func (a *app) blockListCmd() *cobra.Command {
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var blocks []*rpc.Block
-			err := a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
-				l, err := c.ListBlocks(ctx, &filter)
-				blocks = l.GetBlocks()
-				return err
-			})
+			var err error
+			if a.useKube() {
+				err = a.withKube(cmd.Context(), func(ctx context.Context, c client.Reader) error {
+					blocks, err = kubeBlocks(ctx, c, filter.Pool)
+					return err
+				})
+			} else {
+				err = a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
+					l, err := c.ListBlocks(ctx, &filter)
+					blocks = l.GetBlocks()
+					return err
+				})
+			}
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/api/rpc"
 )
@@ -27,6 +28,9 @@ func (a *app) poolCreateCmd() *cobra.Command {
 			"      --reserve 10.88.0.1 --reserve 10.88.255.0/24 --reserve 10.88.1.10-10.88.1.20",
 		Args: oneArg("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if a.useKube() {
+				return a.kubeWriteRefused("pool create")
+			}
 			if len(p.Subnets) == 0 {
 				return usagef("pool create: at least one --subnet is required")
 			}
@@ -58,11 +62,19 @@ func (a *app) poolListCmd() *cobra.Command {
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var pools []*rpc.Pool
-			err := a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
-				l, err := c.ListPools(ctx, &rpc.Empty{})
-				pools = l.GetPools()
-				return err
-			})
+			var err error
+			if a.useKube() {
+				err = a.withKube(cmd.Context(), func(ctx context.Context, c client.Reader) error {
+					pools, err = kubePools(ctx, c)
+					return err
+				})
+			} else {
+				err = a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
+					l, err := c.ListPools(ctx, &rpc.Empty{})
+					pools = l.GetPools()
+					return err
+				})
+			}
 			if err != nil {
 				return err
 			}
@@ -81,11 +93,18 @@ func (a *app) poolShowCmd() *cobra.Command {
 		Args:  oneArg("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var p *rpc.Pool
-			err := a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
-				var err error
-				p, err = c.GetPool(ctx, &rpc.PoolRef{Name: args[0]})
-				return err
-			})
+			var err error
+			if a.useKube() {
+				err = a.withKube(cmd.Context(), func(ctx context.Context, c client.Reader) error {
+					p, err = kubePool(ctx, c, args[0])
+					return err
+				})
+			} else {
+				err = a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
+					p, err = c.GetPool(ctx, &rpc.PoolRef{Name: args[0]})
+					return err
+				})
+			}
 			if err != nil {
 				return err
 			}
@@ -101,6 +120,9 @@ func (a *app) poolDeleteCmd() *cobra.Command {
 		Short:   "Delete an address pool that nothing uses",
 		Args:    oneArg("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if a.useKube() {
+				return a.kubeWriteRefused("pool delete")
+			}
 			ref := &rpc.PoolRef{Name: args[0]}
 			err := a.withAdmin(cmd.Context(), func(ctx context.Context, c rpc.AdminClient) error {
 				_, err := c.DeletePool(ctx, ref)

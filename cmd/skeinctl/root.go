@@ -18,9 +18,11 @@ type app struct {
 	getenv func(string) string
 	now    func() time.Time
 
-	socket  string
-	output  string
-	timeout time.Duration
+	socket     string
+	socketSet  bool   // --socket was given (then $KUBECONFIG alone does not switch to the API)
+	kubeconfig string // pools and blocks from the API server (kube.go)
+	output     string
+	timeout    time.Duration
 
 	// validated is set once cobra has accepted the command line and the
 	// global flags have been checked. An error before that is a usage error
@@ -51,7 +53,9 @@ func (a *app) rootCmd() *cobra.Command {
 
 	root := groupCmd("skeinctl", "Inspect and manage skein on this node")
 	root.Long = "skeinctl manages address pools and inspects blocks, attachments and\n" +
-		"the state of the node's skeind, over its UNIX socket."
+		"the state of the node's skeind, over its UNIX socket. With a kubeconfig\n" +
+		"(--kubeconfig or $KUBECONFIG) it reads a cluster's pools and blocks from\n" +
+		"the Kubernetes API server instead."
 	root.SilenceErrors = true
 	root.SilenceUsage = true
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
@@ -61,6 +65,7 @@ func (a *app) rootCmd() *cobra.Command {
 		if a.timeout <= 0 {
 			return usagef("invalid --timeout %s: must be positive", a.timeout)
 		}
+		a.socketSet = root.PersistentFlags().Changed("socket")
 		a.validated = true
 		return nil
 	}
@@ -68,6 +73,7 @@ func (a *app) rootCmd() *cobra.Command {
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.socket, "socket", socket, "skeind's UNIX socket (env SKEIN_SOCKET)")
+	f.StringVar(&a.kubeconfig, "kubeconfig", "", "read pools and blocks from the Kubernetes API server with this kubeconfig (default: $KUBECONFIG, unless --socket is given)")
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "how long to wait for skeind")
 
