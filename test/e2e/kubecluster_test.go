@@ -202,7 +202,6 @@ func TestKubeCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Logf("PHASE 1 at %v", time.Since(began).Round(time.Millisecond))
 	// The cluster: four Nodes (kc-ghost runs no skeind; the test makes
 	// its requests by hand), three pools, three namespaces.
 	nodeNames := []string{"kc-n1", "kc-n2", "kc-n3"}
@@ -266,7 +265,6 @@ func TestKubeCluster(t *testing.T) {
 		wg.Wait()
 	}
 
-	t.Logf("PHASE 2 at %v", time.Since(began).Round(time.Millisecond))
 	// A first burst: the leader carves each node a block or two.
 	burst("a", "plain", 5)
 	burst("b", "team-blue", 1)
@@ -287,7 +285,6 @@ func TestKubeCluster(t *testing.T) {
 		return ""
 	})
 
-	t.Logf("PHASE 3 at %v", time.Since(began).Round(time.Millisecond))
 	// The leader SIGKILLed in the middle of a burst (once it has carved
 	// a block of it): pods that need new blocks, and requests made by
 	// hand for kc-ghost after the kill, wait for the standby to take the
@@ -338,7 +335,6 @@ func TestKubeCluster(t *testing.T) {
 		t.Errorf("the standby %s served nothing after the leader was killed", standby.name)
 	}
 
-	t.Logf("PHASE 4 at %v", time.Since(began).Round(time.Millisecond))
 	// Every address in a block of its node and its namespace's pool, no
 	// address twice, no block index twice in a pool, every block owned
 	// by a node that asked for it.
@@ -375,7 +371,6 @@ func TestKubeCluster(t *testing.T) {
 		t.Errorf("%d pods attached, want %d", len(pods), 3*(5+1+12))
 	}
 
-	t.Logf("PHASE 5 at %v", time.Since(began).Round(time.Millisecond))
 	// Bad input: a request for a pool that does not exist fails, saying so.
 	bad := &skeinv1.BlockRequest{
 		ObjectMeta: metav1.ObjectMeta{Name: "kc-ghost-nopool"},
@@ -404,7 +399,6 @@ func TestKubeCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Logf("PHASE 6 at %v", time.Since(began).Round(time.Millisecond))
 	// Bad input: a pool with no block left. kc-ghost takes tiny's only
 	// block; an ADD in team-tiny then fails clearly, leaving no link, no
 	// attachment and no BlockRequest on the node.
@@ -445,7 +439,6 @@ func TestKubeCluster(t *testing.T) {
 		t.Errorf("pool tiny's blocks %v: want only kc-ghost's", bl)
 	}
 
-	t.Logf("PHASE 7 at %v", time.Since(began).Round(time.Millisecond))
 	// A pool in use is not deleted: it stays Terminating with its
 	// finalizer until the last pod of it goes.
 	if err := c.Delete(bg, &skeinv1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "blue"}}); err != nil {
@@ -489,7 +482,6 @@ func TestKubeCluster(t *testing.T) {
 		return ""
 	})
 
-	t.Logf("PHASE 8 at %v", time.Since(began).Round(time.Millisecond))
 	// skeind on kc-n1 crashes; a block is granted to it meanwhile (as a
 	// crash right after a grant leaves). Restarted, it keeps the blocks its
 	// pods use and frees the stray one.
@@ -545,7 +537,6 @@ func TestKubeCluster(t *testing.T) {
 		}
 	}
 
-	t.Logf("PHASE 9 at %v", time.Since(began).Round(time.Millisecond))
 	// Nodes deleted from the API lose their blocks and requests: kc-ghost
 	// (which frees tiny), and kc-n3, whose skeind is gone with its host.
 	nodes["kc-n3"].d.Kill(t)
@@ -571,7 +562,6 @@ func TestKubeCluster(t *testing.T) {
 		t.Error("kc-n2 lost its blocks although its Node is still there")
 	}
 
-	t.Logf("PHASE 10 at %v", time.Since(began).Round(time.Millisecond))
 	// The live nodes let go of everything: no block, no request remains.
 	for _, p := range pods {
 		if p.node != "kc-n3" {
