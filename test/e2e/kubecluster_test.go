@@ -53,7 +53,7 @@ func loopbackAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// startController runs skein-controller with a short Lease (3 s) and no
+// startController runs skein-controller with a short Lease (5 s) and no
 // webhook; it is SIGTERMed at cleanup, and its log shown if the test failed.
 func startController(t *testing.T, kubeconfig, name string) *ctrlProc {
 	t.Helper()
@@ -67,8 +67,8 @@ func startController(t *testing.T, kubeconfig, name string) *ctrlProc {
 	defer logf.Close()
 	p.cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"),
 		"--kubeconfig", kubeconfig, "--metrics-addr", metricsAddr, "--health-addr", healthAddr,
-		"--leader-elect-namespace", "kube-system", "--leader-elect-lease-duration", "3s",
-		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms",
+		"--leader-elect-namespace", "kube-system", "--leader-elect-lease-duration", "5s",
+		"--leader-elect-renew-deadline", "4s", "--leader-elect-retry-period", "500ms",
 		"--gc-interval", "2s", "--webhook-port", "0")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -103,8 +103,9 @@ func startController(t *testing.T, kubeconfig, name string) *ctrlProc {
 	return p
 }
 
-// served returns how many BlockRequests p's metrics say it completed.
-func (p *ctrlProc) served(t *testing.T) string {
+// sample returns the value of the sample named series ("name{labels}")
+// in p's metrics, "" when there is none.
+func (p *ctrlProc) sample(t *testing.T, series string) string {
 	t.Helper()
 	resp, err := http.Get(p.metrics)
 	if err != nil {
@@ -113,12 +114,17 @@ func (p *ctrlProc) served(t *testing.T) string {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if line, ok := strings.CutPrefix(sc.Text(), `skein_blockrequests_total{result="Complete"} `); ok {
-			return line
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			return v
 		}
 	}
 	return ""
 }
+
+const (
+	leading = `leader_election_master_status{name="skein-controller"}`
+	served  = `skein_blockrequests_total{result="Complete"}`
+)
 
 // eventually polls cond (which returns "" when satisfied, else what it
 // sees) until clusterWait has passed.
@@ -272,18 +278,21 @@ func TestKubeCluster(t *testing.T) {
 		t.FailNow()
 	}
 	var leader, standby *ctrlProc
-	eventually(t, "one controller to have served the first burst", func() string {
-		a, b := ctrls[0].served(t), ctrls[1].served(t)
+	eventually(t, "one controller leading", func() string {
+		a, b := ctrls[0].sample(t, leading), ctrls[1].sample(t, leading)
 		switch {
-		case a != "" && b == "":
+		case a == "1" && b != "1":
 			leader, standby = ctrls[0], ctrls[1]
-		case b != "" && a == "":
+		case b == "1" && a != "1":
 			leader, standby = ctrls[1], ctrls[0]
 		default:
-			return fmt.Sprintf("served %q and %q", a, b)
+			return fmt.Sprintf("leader_election_master_status %q and %q", a, b)
 		}
 		return ""
 	})
+	if leader.sample(t, served) == "" {
+		t.Errorf("the leader %s served none of the first burst", leader.name)
+	}
 
 	// The leader SIGKILLed in the middle of a burst (once it has carved
 	// a block of it): pods that need new blocks, and requests made by
@@ -331,8 +340,8 @@ func TestKubeCluster(t *testing.T) {
 		return ""
 	})
 	t.Logf("the burst and kc-ghost's requests were served %v after the leader was killed", time.Since(killed).Round(time.Millisecond))
-	if standby.served(t) == "" {
-		t.Errorf("the standby %s served nothing after the leader was killed", standby.name)
+	if standby.sample(t, leading) != "1" || standby.sample(t, served) == "" {
+		t.Errorf("the standby %s does not lead or served nothing after the leader was killed", standby.name)
 	}
 
 	// Every address in a block of its node and its namespace's pool, no
