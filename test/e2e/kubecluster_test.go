@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
@@ -301,14 +302,18 @@ func TestKubeCluster(t *testing.T) {
 	before := len(listBlocks(t, c))
 	var wg sync.WaitGroup
 	wg.Go(func() { burst("c", "plain", 12) })
-	eventually(t, "the burst under way", func() string {
-		if n := len(listBlocks(t, c)); n == before {
-			return fmt.Sprintf("%d blocks", n)
-		}
-		return ""
-	})
+	// Nothing here ends the test while the burst's goroutines run.
+	underway := false
+	for deadline := time.Now().Add(clusterWait); !underway && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var l skeinv1.AddressBlockList
+		underway = c.List(bg, &l) == nil && len(l.Items) > before
+	}
+	if !underway {
+		wg.Wait()
+		t.Fatalf("no block carved for the burst within %v", clusterWait)
+	}
 	if err := leader.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
+		t.Error(err)
 	}
 	<-leader.done
 	killed := time.Now()
@@ -319,7 +324,8 @@ func TestKubeCluster(t *testing.T) {
 			Spec:       skeinv1.BlockRequestSpec{NodeName: "kc-ghost", PoolName: "default"},
 		}
 		if err := c.Create(bg, br); err != nil {
-			t.Fatal(err)
+			t.Error(err)
+			continue
 		}
 		ghostReqs = append(ghostReqs, br.Name)
 	}
@@ -430,9 +436,9 @@ func TestKubeCluster(t *testing.T) {
 	n1 := nodes["kc-n1"]
 	linksBefore := hostLinks(t, n1.d.Node)
 	attsBefore := len(n1.d.Attachments(t))
-	if _, err := attach(t, n1, lists["kc-n1"], "team-tiny", "tiny-pod"); err == nil {
-		t.Error("ADD in namespace team-tiny succeeded although pool tiny has no block left")
-	} else if msg := err.Error(); !strings.Contains(msg, `pool "tiny"`) || !strings.Contains(msg, "no free address") {
+	_, err = attach(t, n1, lists["kc-n1"], "team-tiny", "tiny-pod")
+	wantCode(t, "ADD in namespace team-tiny, whose pool tiny has no block left", err, cni.CodePoolExhausted)
+	if err != nil && (!strings.Contains(err.Error(), `pool "tiny"`) || !strings.Contains(err.Error(), "no free address")) {
 		t.Errorf("ADD in an exhausted pool: %v; want an error naming pool tiny and saying it has no free address", err)
 	}
 	if got := hostLinks(t, n1.d.Node); strings.Join(got, ",") != strings.Join(linksBefore, ",") {
