@@ -320,13 +320,18 @@ func BenchmarkKubeScale(b *testing.B) {
 	}
 }
 
+// grantTimeout is the simulated nodes' wait for a block. skeind's default
+// (10 s) would turn a long queue at the controller into failed ADDs; the
+// benchmark waits longer so as to measure the queue.
+const grantTimeout = 5 * time.Minute
+
 func startAgent(ctx context.Context, env *kube.Env, shared cache.Cache, name, dbPath string, rec *recorder) (*agent, error) {
 	local, err := store.OpenBolt(dbPath, store.BoltOptions{AttachmentsOnly: true})
 	if err != nil {
 		return nil, err
 	}
 	st, err := kubestore.New(ctx, kubestore.Options{Config: env.Config, Node: name, Local: local,
-		GrantTimeout: time.Minute, Cache: shared})
+		GrantTimeout: grantTimeout, Cache: shared})
 	if err != nil {
 		local.Close()
 		return nil, fmt.Errorf("node %s: %w", name, err)
