@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,8 +213,19 @@ func BenchmarkKubeScale(b *testing.B) {
 	}
 	b.Logf("%d nodes ready; burst of %d pod ADDs", nodes, pods)
 
-	// The burst: pod k goes to node k mod nodes; each node runs its ADDs
-	// one after another (as the CNI plugin's calls reach one skeind).
+	// The burst: each node runs its ADDs one after another (as the CNI
+	// plugin's calls reach one skeind). With -rate, pod k of the cluster
+	// starts at k/rate, and pods are dealt to nodes in a shuffled order
+	// (fixed seed) so that the nodes' blocks do not all fill at once.
+	slots := make([][]int, nodes)
+	order := make([]int, pods)
+	for k := range order {
+		order[k] = k % nodes
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	for k, n := range order {
+		slots[n] = append(slots[n], k)
+	}
 	var (
 		addMu    sync.Mutex
 		addTimes = make([]time.Duration, 0, pods)
@@ -228,7 +240,7 @@ func BenchmarkKubeScale(b *testing.B) {
 			defer wg.Done()
 			a := agents[i]
 			var mine []time.Duration
-			for k := i; k < pods; k += nodes {
+			for _, k := range slots[i] {
 				if *flagRate > 0 {
 					time.Sleep(time.Until(rec.t0.Add(time.Duration(float64(k) / *flagRate * float64(time.Second)))))
 				}
