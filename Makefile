@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors fuzz
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -57,6 +57,14 @@ conformance: deps build
 bench: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT)
 	$(MAKE) bench-frontdoors
+	$(MAKE) bench-kube KUBE_SCALE="-nodes 1000 -pods 100000"
+
+# Kubernetes mode at scale: real apiserver+etcd, the skein-controller
+# binary, simulated nodes running kubestore+ipam; $(BENCH_OUT)/kube-scale.
+KUBE_SCALE ?= -nodes 100 -pods 10000
+bench-kube: deps build
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench KubeScale -benchtime 1x -timeout 60m ./test/kubescale/ \
+		-args $(KUBE_SCALE) -out $(BENCH_OUT)/kube-scale
 
 # The other front doors, each against its incumbent in one run: `docker run`
 # on a skein network vs Docker's bridge driver, and a VM's DHCP lease from
@@ -69,6 +77,7 @@ bench-frontdoors: deps build
 # The same in under two minutes: fewer operations, nodes of 10 and 1,000.
 bench-quick: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT) -quick
+	$(MAKE) bench-kube
 
 # Every fuzz target for FUZZTIME each (go test fuzzes one target per
 # run). The seed corpora (testdata/fuzz) already run in `make test`; a

@@ -30,10 +30,13 @@ const pollEvery = 5 * time.Millisecond
 // thousands): in Kubernetes mode the controller, not the node, looks for
 // free blocks.
 func (s *Store) ListBlocks(ctx context.Context, pool string) ([]store.Block, error) {
-	opts := []client.ListOption{}
+	// The node's label is asked for even though the Store's own cache
+	// holds only this node's blocks: an injected cache holds every node's.
+	match := client.MatchingLabels{skeinv1.LabelNode: s.node}
 	if pool != "" {
-		opts = append(opts, client.MatchingLabels{skeinv1.LabelPool: pool})
+		match[skeinv1.LabelPool] = pool
 	}
+	opts := []client.ListOption{match}
 	var list skeinv1.AddressBlockList
 	if err := s.cache.List(ctx, &list, opts...); err != nil {
 		return nil, fmt.Errorf("list AddressBlocks: %w", err)

@@ -58,6 +58,14 @@ type Options struct {
 	GrantTimeout time.Duration
 	// SyncTimeout bounds the wait for the informer caches in New; 0 = 1 minute.
 	SyncTimeout time.Duration
+	// Cache, if set, is read instead of informers of the Store's own: many
+	// Stores in one process (the scale benchmark's simulated nodes) can
+	// share one. It must hold AddressPools, Namespaces, and the
+	// AddressBlocks and BlockRequests of every node it serves (the Store
+	// filters by its node's label); the caller starts it, waits for it to
+	// sync, and stops it after closing the Stores. Nil: New starts
+	// informers for this node alone, as skeind does.
+	Cache cache.Cache
 }
 
 // Store is a store.Store whose pools and blocks are in the API server. It
@@ -91,7 +99,8 @@ func init() {
 }
 
 // New starts the informers (pools, namespaces, and this node's blocks and
-// requests) and waits until they have synced.
+// requests) and waits until they have synced; with Options.Cache it reads
+// that cache instead.
 func New(ctx context.Context, o Options) (_ *Store, err error) {
 	if o.Config == nil || o.Node == "" || o.Local == nil {
 		return nil, errors.New("kubestore: Config, Node and Local are required")
@@ -105,6 +114,24 @@ func New(ctx context.Context, o Options) (_ *Store, err error) {
 	m := newStoreMetrics()
 	cfg := rest.CopyConfig(o.Config)
 	cfg.Wrap(m.countRequests)
+	cl, err := client.New(cfg, client.Options{Scheme: Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	c, stop := o.Cache, context.CancelFunc(func() {})
+	if c == nil {
+		if c, stop, err = startCache(ctx, cfg, o); err != nil {
+			return nil, err
+		}
+	}
+	s := &Store{Store: o.Local, node: o.Node, host: cfg.Host, timeout: o.GrantTimeout, cache: c, client: cl, stop: stop, m: m}
+	s.nodeOwner(ctx)
+	return s, nil
+}
+
+// startCache starts informers for pools, namespaces, and node o.Node's
+// blocks and requests, and waits until they have synced; stop ends them.
+func startCache(ctx context.Context, cfg *rest.Config, o Options) (_ cache.Cache, stop context.CancelFunc, err error) {
 	mine := labels.SelectorFromSet(labels.Set{skeinv1.LabelNode: o.Node})
 	c, err := cache.New(cfg, cache.Options{
 		Scheme: Scheme,
@@ -114,11 +141,7 @@ func New(ctx context.Context, o Options) (_ *Store, err error) {
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes cache: %w", err)
-	}
-	cl, err := client.New(cfg, client.Options{Scheme: Scheme})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return nil, nil, fmt.Errorf("kubernetes cache: %w", err)
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	defer func() {
@@ -128,18 +151,16 @@ func New(ctx context.Context, o Options) (_ *Store, err error) {
 	}()
 	for _, obj := range []client.Object{&skeinv1.AddressPool{}, &skeinv1.AddressBlock{}, &skeinv1.BlockRequest{}, &corev1.Namespace{}} {
 		if _, err := c.GetInformer(runCtx, obj); err != nil {
-			return nil, fmt.Errorf("informer for %T: %w", obj, err)
+			return nil, nil, fmt.Errorf("informer for %T: %w", obj, err)
 		}
 	}
 	go c.Start(runCtx) //nolint:errcheck // ends with runCtx
 	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
 	defer cancel()
 	if !c.WaitForCacheSync(syncCtx) {
-		return nil, fmt.Errorf("kubernetes caches of %s did not sync within %v (is the API server reachable, and may this node list AddressPools, AddressBlocks, BlockRequests and Namespaces?)", cfg.Host, o.SyncTimeout)
+		return nil, nil, fmt.Errorf("kubernetes caches of %s did not sync within %v (is the API server reachable, and may this node list AddressPools, AddressBlocks, BlockRequests and Namespaces?)", cfg.Host, o.SyncTimeout)
 	}
-	s := &Store{Store: o.Local, node: o.Node, host: cfg.Host, timeout: o.GrantTimeout, cache: c, client: cl, stop: stop, m: m}
-	s.nodeOwner(ctx)
-	return s, nil
+	return c, stop, nil
 }
 
 // Describe names the API server and the local store.
@@ -147,7 +168,8 @@ func (s *Store) Describe() string {
 	return fmt.Sprintf("kubernetes %s (node %s), attachments in %s", s.host, s.node, s.Store.Describe())
 }
 
-// Close stops the informers and closes the local store.
+// Close stops the informers (not an injected Options.Cache) and closes
+// the local store.
 func (s *Store) Close() error {
 	s.stop()
 	return s.Store.Close()
