@@ -31,6 +31,12 @@ import (
 // anyone else changed the request since it was read), then makes the block
 // labelled with the request's UID, then sets Complete. A retry finds the
 // name in the status and the block carrying its UID, and only finishes.
+//
+// Several workers serve requests at once. Each finds the lowest free index
+// from the cache's blocks (read in place, not copied) and reserves it in
+// memory until the cache shows its block, so that the workers of one
+// process do not race each other for an index; across processes the
+// block's name still decides.
 type BlockRequestReconciler struct {
 	// Client reads through the manager's cache and writes.
 	Client client.Client
