@@ -49,6 +49,7 @@ type flags struct {
 	metricsAddr string
 	healthAddr  string
 	gcInterval  time.Duration
+	brWorkers   int
 	logLevel    string
 	logFormat   string
 	qps         float32
@@ -84,6 +85,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&fl.metricsAddr, "metrics-addr", ":9386", `address of the Prometheus metrics endpoint (/metrics); "0" turns it off`)
 	f.StringVar(&fl.healthAddr, "health-addr", ":9387", `address of the probes (/healthz, /readyz); "0" turns them off`)
 	f.DurationVar(&fl.gcInterval, "gc-interval", 10*time.Minute, "time between sweeps for blocks and requests of deleted nodes")
+	f.IntVar(&fl.brWorkers, "blockrequest-workers", controller.DefaultBlockRequestWorkers, "BlockRequests served at once")
 	f.Float32Var(&fl.qps, "kube-api-qps", 100, "requests per second to the API server, sustained (client-side limit)")
 	f.IntVar(&fl.burst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
 	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -111,6 +113,9 @@ func (fl flags) check() error {
 	}
 	if fl.gcInterval <= 0 {
 		return fmt.Errorf("--gc-interval %v: must be positive", fl.gcInterval)
+	}
+	if fl.brWorkers <= 0 {
+		return fmt.Errorf("--blockrequest-workers %d: must be positive", fl.brWorkers)
 	}
 	if !fl.leaderElect {
 		return nil
@@ -146,7 +151,7 @@ func run(ctx context.Context, fl flags) error {
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if err := controller.Setup(mgr, controller.Options{GCInterval: fl.gcInterval}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{GCInterval: fl.gcInterval, BlockRequestWorkers: fl.brWorkers}); err != nil {
 		return err
 	}
 	if err := setupWebhook(mgr, fl.webhook); err != nil {

@@ -30,7 +30,7 @@ import (
 )
 
 func TestFlagCheck(t *testing.T) {
-	good := flags{gcInterval: time.Minute, qps: 100, burst: 200, leaderElect: true, leaseName: "x",
+	good := flags{gcInterval: time.Minute, brWorkers: 4, qps: 100, burst: 200, leaderElect: true, leaseName: "x",
 		leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second}
 	if err := good.check(); err != nil {
 		t.Errorf("good flags: %v", err)
@@ -41,6 +41,7 @@ func TestFlagCheck(t *testing.T) {
 		"no lease name":                 func(f *flags) { f.leaseName = "" },
 		"zero gc interval":              func(f *flags) { f.gcInterval = 0 },
 		"zero qps":                      func(f *flags) { f.qps = 0 },
+		"no blockrequest workers":       func(f *flags) { f.brWorkers = 0 },
 	} {
 		f := good
 		mod(&f)

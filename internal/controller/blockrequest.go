@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -31,12 +31,23 @@ import (
 // anyone else changed the request since it was read), then makes the block
 // labelled with the request's UID, then sets Complete. A retry finds the
 // name in the status and the block carrying its UID, and only finishes.
+//
+// Several workers serve requests at once. Each finds the lowest free index
+// from the cache's blocks (read in place, not copied) and reserves it in
+// memory until the cache shows its block, so that the workers of one
+// process do not race each other for an index; across processes the
+// block's name still decides.
 type BlockRequestReconciler struct {
 	// Client reads through the manager's cache and writes.
 	Client client.Client
 	// Reader reads what the cache may not have seen yet (a block another
 	// controller made a moment ago); nil means Client.
 	Reader client.Reader
+	// Workers is how many requests are served at once; below 1 means 1.
+	Workers int
+
+	// res keeps this process's workers from choosing one index at once.
+	res reservations
 }
 
 // maxTries bounds the indices one reconcile tries when the cache is behind
@@ -52,6 +63,7 @@ func (r *BlockRequestReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&skeinv1.BlockRequest{}).
 		Named("blockrequest").
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Complete(countErrors("blockrequest", r))
 }
 
@@ -81,11 +93,22 @@ func (r *BlockRequestReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return r.fail(ctx, br, skeinv1.ReasonPoolInvalid, err.Error())
 	}
 
+	// The index this reconcile reserved and has not yet settled or
+	// released; whatever way the reconcile ends, it is given back.
+	var holding *uint32
+	defer func() {
+		if holding != nil {
+			r.res.release(pool.Name, *holding, time.Now())
+		}
+	}()
 	var taken []uint32 // indices found taken during this reconcile
 	for range maxTries {
 		// Step 1: choose an index and record it in the request.
 		idx, ok := parseBlockName(br.Status.AddressBlockName, pool.Name, geo)
-		if !ok {
+		if ok {
+			r.res.hold(pool.Name, idx)
+			holding = &idx
+		} else {
 			idx, ok, err = r.nextFree(ctx, pool.Name, geo, taken)
 			if err != nil {
 				return ctrl.Result{}, err
@@ -94,6 +117,7 @@ func (r *BlockRequestReconciler) Reconcile(ctx context.Context, req ctrl.Request
 				return r.fail(ctx, br, skeinv1.ReasonPoolExhausted,
 					fmt.Sprintf("all %d blocks of AddressPool %q are taken", geo.Blocks(), pool.Name))
 			}
+			holding = &idx
 			br.Status.AddressBlockName = skeinv1.BlockName(pool.Name, idx)
 			if err := r.Client.Status().Update(ctx, br); err != nil {
 				return requeueOnConflict(err, "record block name in request %s", br.Name)
@@ -112,6 +136,9 @@ func (r *BlockRequestReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			}
 			if !mine {
 				// Another request has it: the cache was behind.
+				r.res.settle(pool.Name, idx, time.Now())
+				holding = nil
+				collisions.Inc()
 				taken = append(taken, idx)
 				br.Status.AddressBlockName = ""
 				continue
@@ -119,6 +146,8 @@ func (r *BlockRequestReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		} else if err != nil {
 			return ctrl.Result{}, fmt.Errorf("create AddressBlock %s: %w", blk.Name, err)
 		}
+		r.res.settle(pool.Name, idx, time.Now())
+		holding = nil
 		// Step 3: done.
 		return r.complete(ctx, br, blk)
 	}
@@ -145,33 +174,24 @@ func parseBlockName(name, pool string, geo *ipam.Geometry) (uint32, bool) {
 	return uint32(i), true
 }
 
-// nextFree returns the lowest index of the pool that no block holds (as
-// far as the cache knows) and that is not in taken.
+// nextFree reserves and returns the lowest index of the pool that no
+// block holds (as far as the cache knows), that is not in taken and that
+// no other worker of this process has reserved.
 func (r *BlockRequestReconciler) nextFree(ctx context.Context, pool string, geo *ipam.Geometry, taken []uint32) (uint32, bool, error) {
+	// The cache's own objects, not copies: a pool may have thousands of
+	// blocks, and only their indices are read here.
 	var blocks skeinv1.AddressBlockList
-	if err := r.Client.List(ctx, &blocks, client.MatchingLabels{skeinv1.LabelPool: pool}); err != nil {
+	if err := r.Client.List(ctx, &blocks, client.MatchingLabels{skeinv1.LabelPool: pool}, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, false, fmt.Errorf("list blocks of pool %s: %w", pool, err)
 	}
-	used := slices.Clone(taken)
-	for _, b := range blocks.Items {
-		if b.Index >= 0 && b.Index < int64(geo.Blocks()) {
-			used = append(used, uint32(b.Index))
+	cached := make([]uint32, 0, len(blocks.Items))
+	for i := range blocks.Items {
+		if b := blocks.Items[i].Index; b >= 0 && b < int64(geo.Blocks()) {
+			cached = append(cached, uint32(b))
 		}
 	}
-	slices.Sort(used)
-	var next uint64
-	for _, u := range used {
-		if uint64(u) > next {
-			break
-		}
-		if uint64(u) == next {
-			next++
-		}
-	}
-	if next >= uint64(geo.Blocks()) {
-		return 0, false, nil
-	}
-	return uint32(next), true, nil
+	idx, ok := r.res.pick(pool, geo.Blocks(), cached, taken, time.Now())
+	return idx, ok, nil
 }
 
 // newBlock is block idx of pool for br's node: labelled with the pool,

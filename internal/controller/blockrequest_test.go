@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	dto "github.com/prometheus/client_model/go"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +27,7 @@ func init() { ctrl.SetLogger(logr.Discard()) }
 
 // startController runs a manager with the BlockRequest reconciler until
 // the test ends. Several may run at once, as during a failover.
-func startController(t *testing.T, env *kube.Env) {
+func startController(t *testing.T, env *kube.Env, workers int) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 kube.Scheme,
@@ -38,7 +39,7 @@ func startController(t *testing.T, env *kube.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &BlockRequestReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
+	r := &BlockRequestReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workers: workers}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestBlockRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	startController(t, env)
+	startController(t, env, 1)
 
 	t.Run("carve until exhausted", func(t *testing.T) {
 		// Blocks of 8: four in each family.
@@ -206,7 +207,7 @@ func TestBlockRequestRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		startController(t, env)
+		startController(t, env, DefaultBlockRequestWorkers)
 	}
 	const n = 48
 	reqs := make([]*skeinv1.BlockRequest, n)
@@ -238,6 +239,62 @@ func TestBlockRequestRace(t *testing.T) {
 		if b.Name != skeinv1.BlockName("race", uint32(b.Index)) {
 			t.Errorf("block %s has index %d", b.Name, b.Index)
 		}
+	}
+}
+
+// counterValue is skein_blockrequest_index_collisions_total now.
+func counterValue(t *testing.T) float64 {
+	t.Helper()
+	m := &dto.Metric{}
+	if err := collisions.Write(m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestBlockRequestWorkers serves many requests at once with one
+// controller of several workers: each gets its own block, the lowest
+// indices are used, and no worker chooses an index another worker of the
+// process is carving (the reservations), which would cost a status write
+// and a refused create.
+func TestBlockRequestWorkers(t *testing.T) {
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, newPool("workers", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.81.0.0/21")})); err != nil { // 64 blocks
+		t.Fatal(err)
+	}
+	before := counterValue(t)
+	startController(t, env, 8)
+	const n = 60
+	reqs := make([]*skeinv1.BlockRequest, n)
+	var wg sync.WaitGroup
+	for i := range reqs {
+		wg.Go(func() { reqs[i] = request(c, t, fmt.Sprintf("node%d", i%9), "workers") })
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for _, br := range reqs {
+		got := answer(c, t, br)
+		if !meta.IsStatusConditionTrue(got.Status.Conditions, skeinv1.ConditionComplete) {
+			t.Errorf("request %s: %+v, want Complete", br.Name, got.Status)
+			continue
+		}
+		if seen[got.Status.AddressBlockName] {
+			t.Errorf("block %s given twice", got.Status.AddressBlockName)
+		}
+		seen[got.Status.AddressBlockName] = true
+	}
+	for i := range uint32(n) {
+		if name := skeinv1.BlockName("workers", i); !seen[name] {
+			t.Errorf("block %s not given, though %d requests were served from the bottom of 64", name, n)
+		}
+	}
+	if got := counterValue(t) - before; got != 0 {
+		t.Errorf("%v indices chosen that another worker had, want 0", got)
 	}
 }
 

@@ -38,6 +38,10 @@ var (
 		Name: "skein_reconcile_errors_total",
 		Help: "Reconciles of skein's controllers that returned an error.",
 	}, []string{"controller"})
+	collisions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "skein_blockrequest_index_collisions_total",
+		Help: "Block indices chosen that turned out to be another request's block (the cache was behind).",
+	})
 	gcDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "skein_gc_deleted_total",
 		Help: "Objects of deleted nodes removed by the controller, by kind.",
@@ -46,7 +50,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(poolBlocksAllocated, poolBlocksTotal, blockRequestLatency,
-		blockRequestsAnswered, reconcileErrors, gcDeleted)
+		blockRequestsAnswered, reconcileErrors, collisions, gcDeleted)
 }
 
 // observeAnswer records a request answered now.

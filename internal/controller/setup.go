@@ -12,14 +12,24 @@ type Options struct {
 	// GCInterval is the time between sweeps for blocks and requests of
 	// deleted nodes; zero means 10 minutes.
 	GCInterval time.Duration
+	// BlockRequestWorkers is how many BlockRequests are served at once;
+	// zero means DefaultBlockRequestWorkers.
+	BlockRequestWorkers int
 }
+
+// DefaultBlockRequestWorkers is Options.BlockRequestWorkers' default.
+const DefaultBlockRequestWorkers = 4
 
 // Setup registers all of skein-controller's reconcilers with mgr: block
 // requests, pool status and finalizer, and the garbage collection of
 // deleted nodes. They run only while mgr leads, if it elects a leader.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	reader := mgr.GetAPIReader()
-	if err := (&BlockRequestReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
+	workers := opts.BlockRequestWorkers
+	if workers <= 0 {
+		workers = DefaultBlockRequestWorkers
+	}
+	if err := (&BlockRequestReconciler{Client: mgr.GetClient(), Reader: reader, Workers: workers}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BlockRequest reconciler: %w", err)
 	}
 	if err := (&AddressPoolReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
