@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -15,10 +16,18 @@ import (
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
-var (
-	gw4 = netip.MustParseAddr("169.254.1.1")
-	gw6 = netip.MustParseAddr("fe80::1")
-)
+var gw4 = netip.MustParseAddr("169.254.1.1")
+
+// linkLocal is the modified EUI-64 link-local address of a MAC (RFC 4291,
+// appendix A): a pod's IPv6 gateway is that of its host veth.
+func linkLocal(t *testing.T, mac string) netip.Addr {
+	t.Helper()
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		t.Fatalf("MAC %q: %v", mac, err)
+	}
+	return netip.AddrFrom16([16]byte{0: 0xfe, 1: 0x80, 8: hw[0] ^ 2, 9: hw[1], 10: hw[2], 11: 0xff, 12: 0xfe, 13: hw[3], 14: hw[4], 15: hw[5]})
+}
 
 // TestEveryVersion runs the whole life of two dual-stack pods in every spec
 // version skein supports: ADD (result in that version's types), traffic,
@@ -42,6 +51,7 @@ func TestEveryVersion(t *testing.T) {
 			mustReach(t, nsA, "pod a to pod b", b.addrs...)
 			mustReach(t, nsB, "pod b to pod a", a.addrs...)
 			mustReach(t, nsA, "pod a to its IPv4 gateway on the node", gw4)
+			gw6 := linkLocal(t, a.res.Interfaces[0].Mac)
 			if out, err := nsA.Exec(t, "ping", "-6", "-c1", "-W2", gw6.String()+"%eth0"); err != nil {
 				t.Errorf("pod a should reach its IPv6 gateway %s on the node: %v\n%s", gw6, err, out)
 			}
@@ -139,7 +149,7 @@ func (e *env) addChecked(t *testing.T, l *libcni.NetworkConfigList, ns *harness.
 		}
 		wantGW := gw4
 		if a.Is6() {
-			wantGW = gw6
+			wantGW = linkLocal(t, host.Mac) // the host veth's own
 		}
 		if g, _ := netip.AddrFromSlice(ip.Gateway); g.Unmap() != wantGW {
 			t.Errorf("result gateway of %v should be %v, is %v", a, wantGW, ip.Gateway)
