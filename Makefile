@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps test unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -23,10 +23,24 @@ build:
 deps:
 	./scripts/install-deps.sh
 
+# Only what `make demo` uses: ping, docker.io, qemu, dhclient, the kernel.
+deps-demo:
+	./scripts/install-deps.sh demo
+
 # Every test: unit tests and the privileged ones (real namespaces, real
 # kernel, the real binaries through libcni), the conformance suite
-# (test/conformance) included. Run as root.
-test: deps build vet
+# (test/conformance) included. Run as root. test/hostcheck records the
+# host's pinned namespaces, links, addresses, routes, rules, nftables and
+# mounts first and compares them once the tests are done: make test fails
+# if the tests fail, and also if they pass but leave the host changed.
+test:
+	@state=$$(mktemp /tmp/skein-host.XXXXXX) || exit 1; \
+	$(GO) run ./test/hostcheck save "$$state" || { rm -f "$$state"; exit 1; }; \
+	$(MAKE) --no-print-directory test-run; status=$$?; \
+	$(GO) run ./test/hostcheck compare "$$state" || { [ $$status -ne 0 ] || status=1; }; \
+	rm -f "$$state"; exit $$status
+
+test-run: deps build vet
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 30m ./...
 
 # Unit tests only (no root needed; privileged tests skip).
@@ -56,11 +70,33 @@ bench-frontdoors: deps build
 bench-quick: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT) -quick
 
+# Every fuzz target for FUZZTIME each (go test fuzzes one target per
+# run). The seed corpora (testdata/fuzz) already run in `make test`; a
+# failure leaves its input in the package's testdata/fuzz/FuzzX/. Minimizing
+# is bounded (FUZZMINIMIZE runs) so that the slower targets, which replay a
+# Docker session per input, spend their time fuzzing.
+FUZZTIME     ?= 30s
+FUZZMINIMIZE ?= 200x
+FUZZFLAGS    ?=
+FUZZ_PKGS    := ./internal/cni ./internal/cniclient ./internal/docker ./internal/vm ./cmd/skeind
+fuzz:
+	@set -e; for pkg in $(FUZZ_PKGS); do \
+		list=$$($(GO) test -list '^Fuzz' $$pkg); \
+		for target in $$(echo "$$list" | grep '^Fuzz'); do \
+			echo "== $$pkg $$target ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg; \
+		done; \
+	done
+
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-demo: deps build
+# A pool, two CNI pods, a Docker container and a qemu VM reaching each
+# other; the host is checked unchanged at the end. Root. If installing
+# fails (offline, apt busy), the demo still runs and says what it skipped.
+demo: build
+	./scripts/install-deps.sh demo || echo "make demo: could not install every dependency (above); the demo skips what is missing and says why"
 	$(GO) run ./test/demo -bin $(BIN)
 
 proto:

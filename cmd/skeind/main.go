@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -71,6 +73,7 @@ func newCommand() *cobra.Command {
 			set("rule-priority", func() { final.Dataplane.RulePriority = cfg.Dataplane.RulePriority })
 			set("node-forwarding", func() { final.Dataplane.NodeForwarding = cfg.Dataplane.NodeForwarding })
 			set("node-netns", func() { final.Dataplane.NodeNetNS = cfg.Dataplane.NodeNetNS })
+			final.ReconcileForce = cfg.ReconcileForce // a flag only
 			for name, s := range map[string]struct {
 				v   string
 				dst *netip.Addr
@@ -123,22 +126,33 @@ func newCommand() *cobra.Command {
 	f.IntVar(&cfg.Dataplane.PodTable, "pod-table", 116, "routing table of per-pod host routes")
 	f.IntVar(&cfg.Dataplane.ExportTable, "export-table", 119, "routing table of exported block routes")
 	f.IntVar(&cfg.Dataplane.RulePriority, "rule-priority", 2000, "priority of the ip rule that looks up the pod table")
-	f.BoolVar(&cfg.Dataplane.NodeForwarding, "node-forwarding", true, "enable IPv4 and IPv6 forwarding in the node's namespace")
+	f.BoolVar(&cfg.Dataplane.NodeForwarding, "node-forwarding", defaultNodeForwarding, "enable IPv4 and IPv6 forwarding in the node's namespace")
 	f.StringVar(&cfg.Dataplane.NodeNetNS, "node-netns", "", "path of the node's network namespace when skeind runs outside it (tests, tools); empty: skeind's own")
 	f.StringVar(&gw4, "gateway-v4", "169.254.1.1", "IPv4 gateway pods route through")
 	f.StringVar(&gw6, "gateway-v6", "fe80::1", "IPv6 gateway of attachments made before each pod routed through its host veth's own link-local address")
 	f.StringSliceVar(&defaultPool, "default-pool", nil, "create the \"default\" pool with these subnets if it does not exist (e.g. 10.64.0.0/16,fd00:64::/112)")
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
+	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd
 }
 
+// defaultNodeForwarding is skeind's default for --node-forwarding and for
+// a configuration file without dataplane.nodeForwarding: one default
+// whichever way skeind is configured. On: skeind routes for its pods, and
+// IPv6 pod traffic needs node-wide forwarding on kernels before 6.17 (see
+// internal/dataplane). (dataplane.Config's own zero value stays off for
+// other users of the package.)
+const defaultNodeForwarding = true
+
 // loadConfig reads a JSON configuration file; unknown fields are errors, so
-// a misspelt setting is not silently ignored.
+// a misspelt setting is not silently ignored. Settings the file leaves out
+// get skeind's defaults, the same as the flags'.
 func loadConfig(path string) (daemon.Config, error) {
 	var c daemon.Config
+	c.Dataplane.NodeForwarding = defaultNodeForwarding
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return c, fmt.Errorf("config file: %w", err)
@@ -147,6 +161,12 @@ func loadConfig(path string) (daemon.Config, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return c, fmt.Errorf("config file %s: %w", path, err)
+	}
+	// Decode reads one JSON value; anything after it is a mistake too
+	// (two documents, a stray bracket), not something to ignore.
+	end := dec.InputOffset()
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("config file %s: unexpected data after the JSON object that ends at byte %d", path, end)
 	}
 	return c, nil
 }

@@ -34,3 +34,35 @@ func TestFlagsParse(t *testing.T) {
 		t.Fatalf("err = %v, want a --log-format error", err)
 	}
 }
+
+// TestNodeForwardingOneDefault: --node-forwarding defaults the same with
+// flags alone and with a configuration file that does not mention it; a
+// file can still turn it off.
+func TestNodeForwardingOneDefault(t *testing.T) {
+	flag := newCommand().Flags().Lookup("node-forwarding")
+	if flag.DefValue != "true" {
+		t.Fatalf("--node-forwarding defaults to %s", flag.DefValue)
+	}
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		file string
+		want bool
+	}{
+		{`{}`, true},
+		{`{"dataplane":{"podTable":116}}`, true},
+		{`{"dataplane":{"nodeForwarding":false}}`, false},
+		{`{"dataplane":{"nodeForwarding":true}}`, true},
+	} {
+		p := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(p, []byte(tt.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := loadConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Dataplane.NodeForwarding != tt.want {
+			t.Errorf("config %s: nodeForwarding %v, want %v (the flag's default is %s)", tt.file, c.Dataplane.NodeForwarding, tt.want, flag.DefValue)
+		}
+	}
+}

@@ -39,3 +39,5 @@ func (v *vmFlags) serve(ctx context.Context, d *daemon.Daemon, grpcSocket string
 	}
 	return nil
 }
+
+var _ vm.Host = (*daemon.Daemon)(nil)

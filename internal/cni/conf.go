@@ -16,9 +16,18 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 )
 
-// SupportedVersions are the spec versions skein accepts. Results are
-// produced in whichever of them the configuration names.
-var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+// SupportedVersions are the spec versions skein accepts: every version
+// the spec has had. Results are produced in whichever of them the
+// configuration names; a configuration without cniVersion is 0.1.0, as the
+// spec and libcni read it. Which verbs a version has (CHECK from 0.4.0,
+// GC and STATUS from 1.1.0) the plugin binaries enforce, before skeind is
+// called.
+var SupportedVersions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// LegacyResult reports whether results of spec version v have the shape
+// of 0.1.0 and 0.2.0: {"ip4", "ip6", "dns"}, one address per family, no
+// interfaces.
+func LegacyResult(v string) bool { return v == "0.1.0" || v == "0.2.0" }
 
 // DefaultPool serves networks that name none.
 const DefaultPool = "default"
@@ -58,17 +67,14 @@ func Parse(data []byte) (*NetConf, error) {
 		return nil, types.NewError(types.ErrDecodingFailure, "cannot decode network configuration: "+err.Error(), "")
 	}
 	if c.CNIVersion == "" {
-		c.CNIVersion = "0.1.0"
+		c.CNIVersion = "0.1.0" // the spec's reading of a missing cniVersion
 	}
 	if !slices.Contains(SupportedVersions, c.CNIVersion) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q is not supported", c.CNIVersion),
 			"skein supports "+strings.Join(SupportedVersions, ", "))
 	}
-	if c.Name == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "network configuration has no \"name\"", "")
-	}
-	if err := validNetworkName(c.Name); err != nil {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	if err := ValidateNetworkName(c.Name); err != nil {
+		return nil, err
 	}
 	if c.Pool == "" {
 		c.Pool = DefaultPool
@@ -80,17 +86,32 @@ func Parse(data []byte) (*NetConf, error) {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
 			return nil, types.NewError(types.ErrDecodingFailure, "cannot decode prevResult: "+err.Error(), "")
 		}
+		if err := CheckPrevResult(c.PrevResult); err != nil {
+			return nil, err
+		}
 	}
 	return &c, nil
 }
 
-// validNetworkName follows the spec: alphanumerics, '_', '.', '-', first
-// character alphanumeric; bounded so the kernel tag fits.
-func validNetworkName(n string) error {
-	if len(n) > 128 {
-		return fmt.Errorf("network name %q is longer than 128 bytes", n)
+// ValidateNetworkName checks a configuration's "name" as the spec defines
+// it: alphanumerics, '_', '.', '-', the first character alphanumeric;
+// bounded so the kernel tag fits. The error is a *types.Error with code 7
+// (invalid network configuration). Every front door that takes a CNI
+// configuration checks the name with it.
+func ValidateNetworkName(n string) error {
+	var err error
+	switch {
+	case n == "":
+		err = errors.New("network configuration has no \"name\"")
+	case len(n) > 128:
+		err = fmt.Errorf("network name %q is longer than 128 bytes", n)
+	default:
+		err = validID("network name", n)
 	}
-	return validID("network name", n)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	return nil
 }
 
 func validID(what, s string) error {

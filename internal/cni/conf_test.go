@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+	types020 "github.com/containernetworking/cni/pkg/types/020"
 	types040 "github.com/containernetworking/cni/pkg/types/040"
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
@@ -29,11 +30,15 @@ func TestParse(t *testing.T) {
 		{"every version 0.3.0", `{"cniVersion":"0.3.0","name":"n"}`, 0, "default"},
 		{"every version 0.4.0", `{"cniVersion":"0.4.0","name":"n"}`, 0, "default"},
 		{"every version 1.0.0", `{"cniVersion":"1.0.0","name":"n"}`, 0, "default"},
+		{"every version 0.1.0", `{"cniVersion":"0.1.0","name":"n"}`, 0, "default"},
+		{"every version 0.2.0", `{"cniVersion":"0.2.0","name":"n"}`, 0, "default"},
+		{"no version means 0.1.0", `{"name":"n"}`, 0, "default"},
+		{"empty version means 0.1.0", `{"cniVersion":"","name":"n"}`, 0, "default"},
 		{"garbage", `{"cniVersion":`, types.ErrDecodingFailure, ""},
 		{"not an object", `[1,2]`, types.ErrDecodingFailure, ""},
 		{"unknown version", `{"cniVersion":"9.9.9","name":"n"}`, types.ErrIncompatibleCNIVersion, ""},
-		{"old version", `{"cniVersion":"0.2.0","name":"n"}`, types.ErrIncompatibleCNIVersion, ""},
-		{"no version", `{"name":"n"}`, types.ErrIncompatibleCNIVersion, ""},
+		{"not a version", `{"cniVersion":"1.0","name":"n"}`, types.ErrIncompatibleCNIVersion, ""},
+		{"version of another type", `{"cniVersion":1,"name":"n"}`, types.ErrDecodingFailure, ""},
 		{"no name", `{"cniVersion":"1.0.0"}`, types.ErrInvalidNetworkConfig, ""},
 		{"bad name", `{"cniVersion":"1.0.0","name":"a/b"}`, types.ErrInvalidNetworkConfig, ""},
 		{"mtu low", `{"cniVersion":"1.0.0","name":"n","mtu":10}`, types.ErrInvalidNetworkConfig, ""},
@@ -47,6 +52,9 @@ func TestParse(t *testing.T) {
 			}
 			if err == nil && conf.Pool != c.pool {
 				t.Errorf("pool %q, want %q", conf.Pool, c.pool)
+			}
+			if err == nil && !strings.Contains(c.in, `"cniVersion":"0`) && !strings.Contains(c.in, `"cniVersion":"1`) && conf.CNIVersion != "0.1.0" {
+				t.Errorf("a configuration without cniVersion is 0.1.0 (the spec, libcni); parsed as %q", conf.CNIVersion)
 			}
 			if err != nil && err.(*types.Error).Msg == "" {
 				t.Errorf("error without a message")
@@ -152,6 +160,26 @@ func TestBuildResultEveryVersion(t *testing.T) {
 				t.Errorf("cniVersion %v, want %s", raw["cniVersion"], v)
 			}
 			switch v {
+			case "0.1.0", "0.2.0":
+				// One address per family, no interfaces (SPEC 0.2.0).
+				r := res.(*types020.Result)
+				if r.IP4 == nil || r.IP4.IP.String() != "10.64.0.5/32" || r.IP4.Gateway.String() != "169.254.1.1" {
+					t.Errorf("0.2.0 ip4 wrong: %s", out)
+				}
+				if r.IP6 == nil || r.IP6.IP.String() != "fd00:64::5/128" || r.IP6.Gateway.String() != "fe80::1" {
+					t.Errorf("0.2.0 ip6 wrong: %s", out)
+				}
+				if len(r.IP4.Routes) != 1 || r.IP4.Routes[0].Dst.String() != "0.0.0.0/0" || len(r.IP6.Routes) != 1 {
+					t.Errorf("0.2.0 default routes wrong: %s", out)
+				}
+				if len(r.DNS.Nameservers) != 1 {
+					t.Errorf("dns from config missing: %s", out)
+				}
+				for _, k := range []string{"interfaces", "ips", "routes"} {
+					if _, ok := raw[k]; ok {
+						t.Errorf("a %s result has no %q: %s", v, k, out)
+					}
+				}
 			case "0.3.0", "0.3.1", "0.4.0":
 				r := res.(*types040.Result)
 				if len(r.IPs) != 2 || r.IPs[0].Interface == nil || *r.IPs[0].Interface != 1 || r.IPs[0].Address.String() != "10.64.0.5/32" {
@@ -202,6 +230,32 @@ func TestBuildResultChained(t *testing.T) {
 	prev, err := PrevAddrs(conf, "x")
 	if err != nil || len(prev) != 1 || prev[0] != netip.MustParseAddr("192.168.0.2") {
 		t.Errorf("PrevAddrs = %v, %v", prev, err)
+	}
+}
+
+// TestBuildResultChainedLegacy: chained in 0.1.0/0.2.0, whose results hold
+// one address per family and no interfaces, the result reports the
+// addresses skein gave CNI_IFNAME, not the first ones of prevResult.
+func TestBuildResultChainedLegacy(t *testing.T) {
+	for _, v := range []string{"0.1.0", "0.2.0"} {
+		in := `{"cniVersion":"` + v + `","name":"n","prevResult":{"cniVersion":"` + v + `",
+			"ip4":{"ip":"192.168.0.2/24","gateway":"192.168.0.1","routes":[{"dst":"192.168.9.0/24"}]},
+			"dns":{"nameservers":["1.1.1.1"]}}}`
+		conf, err := Parse([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		res, err := BuildResult(conf, attached)
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		r := res.(*types020.Result)
+		if r.CNIVersion != v || r.IP4 == nil || r.IP4.IP.String() != "10.64.0.5/32" || r.IP6 == nil || r.IP6.IP.String() != "fd00:64::5/128" {
+			t.Errorf("%s: want skein's addresses 10.64.0.5/32 and fd00:64::5/128, got %+v", v, r)
+		}
+		if len(r.DNS.Nameservers) != 1 || r.DNS.Nameservers[0] != "1.1.1.1" {
+			t.Errorf("%s: prevResult DNS lost: %+v", v, r.DNS)
+		}
 	}
 }
 

@@ -25,6 +25,11 @@ type Attached struct {
 // BuildResult makes the ADD result: skein's interfaces, addresses and
 // default routes, appended to prevResult when skein runs chained after
 // another plugin. The result's version is the configuration's.
+//
+// A 0.1.0 or 0.2.0 result holds one address per family and no
+// interfaces, so of a chain's addresses only the first of each family
+// survives the conversion: there skein's own addresses go first, since
+// they are what CNI_IFNAME carries.
 func BuildResult(c *NetConf, a Attached) (types.Result, error) {
 	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
 	if c.PrevResult != nil {
@@ -40,6 +45,10 @@ func BuildResult(c *NetConf, a Attached) (types.Result, error) {
 		&current.Interface{Name: a.IfName, Mac: a.ContainerMAC, Sandbox: a.Sandbox},
 	)
 	ctr := host + 1
+	prevIPs := res.IPs
+	if LegacyResult(c.CNIVersion) {
+		res.IPs = nil
+	}
 	for _, addr := range a.Addrs {
 		gw := a.GatewayV4
 		dst := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
@@ -53,6 +62,9 @@ func BuildResult(c *NetConf, a Attached) (types.Result, error) {
 			Gateway:   gw.AsSlice(),
 		})
 		res.Routes = append(res.Routes, &types.Route{Dst: dst, GW: gw.AsSlice()})
+	}
+	if LegacyResult(c.CNIVersion) {
+		res.IPs = append(res.IPs, prevIPs...)
 	}
 	if len(res.DNS.Nameservers) == 0 && len(res.DNS.Search) == 0 && len(res.DNS.Options) == 0 && res.DNS.Domain == "" {
 		res.DNS = c.DNS

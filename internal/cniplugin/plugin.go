@@ -13,12 +13,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/cniclient"
 )
 
@@ -49,7 +51,7 @@ func Main(p Plugin) {
 		Check:  p.call("CHECK"),
 		GC:     p.call("GC"),
 		Status: p.call("STATUS"),
-	}, version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), p.About); e != nil {
+	}, version.PluginSupports(cni.SupportedVersions...), p.About); e != nil {
 		printError(confVersion, e)
 		os.Exit(1)
 	}
@@ -59,6 +61,8 @@ func Main(p Plugin) {
 // error can carry its cniVersion, as the spec's error format asks (skel's
 // own printer leaves it out); skel then reads the same bytes from a pipe.
 // Without CNI_COMMAND skel prints its "about" line and reads nothing.
+// A configuration that decodes but names no version is 0.1.0; "" means
+// it could not be read.
 func peekVersion() string {
 	if os.Getenv("CNI_COMMAND") == "" {
 		return ""
@@ -76,10 +80,19 @@ func peekVersion() string {
 	if err != nil {
 		return ""
 	}
+	return versionOf(data)
+}
+
+func versionOf(conf []byte) string {
 	var c struct {
 		CNIVersion string `json:"cniVersion"`
 	}
-	_ = json.Unmarshal(data, &c)
+	if json.Unmarshal(conf, &c) != nil {
+		return ""
+	}
+	if c.CNIVersion == "" {
+		return "0.1.0"
+	}
 	return c.CNIVersion
 }
 
@@ -119,6 +132,11 @@ var methods = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "G
 
 func (p Plugin) call(verb string) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
+		if verb == "ADD" || verb == "CHECK" {
+			if err := notOwnNetNS(args.Netns); err != nil {
+				return err
+			}
+		}
 		sock := SocketPath(args.StdinData)
 		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
 		defer cancel()
@@ -174,4 +192,21 @@ func unreachable(verb, sock string, err error) error {
 		code = types.ErrPluginNotAvailable
 	}
 	return types.NewError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
+}
+
+// notOwnNetNS refuses a CNI_NETNS that is the namespace the plugin itself
+// runs in, i.e. the runtime's own (usually the host's): skeind cannot see
+// the caller's namespace, so this check is made here. (skeind refuses the
+// node's, its own and PID 1's.) Two stats, no parsing: the plugin must
+// start fast.
+func notOwnNetNS(path string) error {
+	var pod, self syscall.Stat_t
+	if path == "" || syscall.Stat(path, &pod) != nil || syscall.Stat("/proc/self/ns/net", &self) != nil {
+		return nil // skeind reports a missing or unreadable namespace
+	}
+	if pod.Dev == self.Dev && pod.Ino == self.Ino {
+		return types.NewError(types.ErrInvalidEnvironmentVariables,
+			fmt.Sprintf("CNI_NETNS %q is the network namespace the runtime runs the plugin in, not a pod's: refusing to plumb a pod interface into it", path), "")
+	}
+	return nil
 }

@@ -44,3 +44,38 @@ func TestRPCErrorCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionOf: the version an error is reported in. A configuration
+// without cniVersion is 0.1.0 (the spec, libcni); one that cannot be
+// decoded has none.
+func TestVersionOf(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"cniVersion":"0.2.0","name":"n"}`: "0.2.0",
+		`{"cniVersion":"1.1.0"}`:            "1.1.0",
+		`{"name":"n"}`:                      "0.1.0",
+		`{"cniVersion":"","name":"n"}`:      "0.1.0",
+		`{"cniVersion":`:                    "",
+		`[]`:                                "",
+	} {
+		if got := versionOf([]byte(in)); got != want {
+			t.Errorf("versionOf(%s) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestNotOwnNetNS: the plugin refuses its own (the runtime's) namespace,
+// by any path, before calling skeind; other paths are skeind's to judge.
+func TestNotOwnNetNS(t *testing.T) {
+	for _, p := range []string{"/proc/self/ns/net", "/proc/thread-self/ns/net"} {
+		err := notOwnNetNS(p)
+		var e *types.Error
+		if !errors.As(err, &e) || e.Code != types.ErrInvalidEnvironmentVariables {
+			t.Errorf("CNI_NETNS=%s: %v, want error code 4", p, err)
+		}
+	}
+	for _, p := range []string{"", "/nonexistent", "/proc/self/ns/mnt"} {
+		if err := notOwnNetNS(p); err != nil {
+			t.Errorf("CNI_NETNS=%q: %v, want it left to skeind", p, err)
+		}
+	}
+}

@@ -91,7 +91,6 @@ func (s *adminServer) DeletePool(ctx context.Context, in *rpc.PoolRef) (*rpc.Emp
 		return nil, grpcError(err)
 	}
 	s.d.log.Info("pool deleted", "pool", in.Name)
-	s.d.kickExport()
 	return &rpc.Empty{}, nil
 }
 

@@ -40,13 +40,10 @@ func HostLinkName(k store.AttachmentKey) string {
 	return dataplane.HostNamePrefix + hex.EncodeToString(h[:6])
 }
 
-// aliasFor is the ownership tag written on the host veth.
+// aliasFor is the ownership tag written on the host veth (the Docker
+// front door tags its endpoints the same way, so reconcile can retag them).
 func (d *Daemon) aliasFor(k store.AttachmentKey) string {
-	s := d.dpConfig.AliasPrefix + k.Network + ":" + k.ContainerID + ":" + k.IfName
-	if len(s) > 250 {
-		s = s[:250]
-	}
-	return s
+	return dataplane.AttachmentAlias(d.dpConfig.AliasPrefix, k.Network, k.ContainerID, k.IfName)
 }
 
 func randomMAC() string {
@@ -68,7 +65,8 @@ func randomMAC() string {
 // was theirs. If it dies after the record but before plumbing, the record
 // holds the address until the runtime's DEL or GC.
 func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachment, ap dataplane.Applied, err error) {
-	unlock := d.locks.lock(r.Key.String())
+	defer d.adds.begin(r.Key.String())()
+	unlock := d.locks.Lock(r.Key.String())
 	defer unlock()
 
 	if _, err := d.st.GetAttachment(ctx, r.Key); err == nil {
@@ -121,13 +119,19 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 
 	switch {
 	case setupErr == nil && storeErr == nil:
-		d.metrics.attachments.Inc()
 		return a, ap, nil
 	case setupErr == nil:
 		if terr := d.dp.Teardown(a.HostLink, "", "", addrs); terr != nil {
 			undoFailed = true
 			d.log.Error("undo setup after store failure; its addresses stay held", "key", r.Key, "err", terr)
 		}
+	case errors.Is(setupErr, dataplane.ErrUndoFailed):
+		// The kernel may still route the addresses to a link Setup could
+		// not delete: they stay held, and so does the record (if it was
+		// written), so that the DEL the runtime sends after a failed ADD
+		// tears the link down and only then frees them.
+		undoFailed = true
+		d.log.Error("setup failed and so did its undo; the addresses stay held until DEL", "key", r.Key, "err", setupErr)
 	case storeErr == nil:
 		if derr := d.st.DeleteAttachment(bg, r.Key); derr != nil {
 			undoFailed = true
@@ -150,8 +154,32 @@ func (d *Daemon) Attach(ctx context.Context, r AttachRequest) (a store.Attachmen
 // may still exist. It succeeds when things are already gone. found reports
 // whether a record existed.
 func (d *Daemon) Detach(ctx context.Context, k store.AttachmentKey, netnsHint string) (found bool, err error) {
-	unlock := d.locks.lock(k.String())
+	unlock := d.locks.Lock(k.String())
 	defer unlock()
+	return d.detachLocked(ctx, k, netnsHint)
+}
+
+// Collect removes the attachment of key k for GC, unless it is not
+// garbage from the point of view of a GC request that started at since:
+// an ADD of k is running (busy: the keys running when the request
+// started), or the record was created at or after since (an ADD the
+// runtime could not have listed). removed reports whether it went.
+func (d *Daemon) Collect(ctx context.Context, k store.AttachmentKey, netnsHint string, since time.Time, busy map[string]bool) (removed bool, err error) {
+	if busy[k.String()] {
+		return false, nil
+	}
+	unlock := d.locks.Lock(k.String())
+	defer unlock()
+	a, err := d.st.GetAttachment(ctx, k)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil // DEL was first
+	}
+	if err != nil {
+		return false, err
+	}
+	if !a.Created.Before(since) {
+		return false, nil
+	}
 	return d.detachLocked(ctx, k, netnsHint)
 }
 
@@ -179,7 +207,8 @@ func (d *Daemon) detachLocked(ctx context.Context, k store.AttachmentKey, netnsH
 	if err := d.st.DeleteAttachment(ctx, k); err != nil {
 		return true, fmt.Errorf("delete record of %s: %w", k, err)
 	}
-	d.ipam.Release(ctx, a.Pool, a.Addrs)
-	d.metrics.attachments.Dec()
+	if !a.Borrowed {
+		d.ipam.Release(ctx, a.Pool, a.Addrs)
+	}
 	return true, nil
 }

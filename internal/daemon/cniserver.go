@@ -49,7 +49,7 @@ func (s *cniServer) observe(verb string, start time.Time, err error) {
 
 // validateArgs checks the request's environment (spec code 4) and parses
 // the network configuration (codes 1, 6, 7).
-func validateArgs(req *rpc.CNIRequest, needNetNS bool) (*cni.NetConf, error) {
+func (s *cniServer) validateArgs(req *rpc.CNIRequest, needNetNS bool) (*cni.NetConf, error) {
 	conf, err := cni.Parse(req.Netconf)
 	if err != nil {
 		return nil, err
@@ -67,6 +67,9 @@ func validateArgs(req *rpc.CNIRequest, needNetNS bool) (*cni.NetConf, error) {
 			}
 			return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q is not a network namespace", req.Netns), err.Error())
 		}
+		if err := s.d.checkPodNetNS(req.Netns); err != nil {
+			return nil, types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+		}
 	}
 	return conf, nil
 }
@@ -83,7 +86,7 @@ func (s *cniServer) Add(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply
 }
 
 func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error) {
-	conf, err := validateArgs(req, true)
+	conf, err := s.validateArgs(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +164,7 @@ func (s *cniServer) Del(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply
 // del succeeds when the netns, the link or the record is already gone: the
 // spec asks DEL to be idempotent.
 func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
-	conf, err := validateArgs(req, false)
+	conf, err := s.validateArgs(req, false)
 	if err != nil {
 		return err
 	}
@@ -183,7 +186,7 @@ func (s *cniServer) Check(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIRep
 }
 
 func (s *cniServer) check(ctx context.Context, req *rpc.CNIRequest) error {
-	conf, err := validateArgs(req, true)
+	conf, err := s.validateArgs(req, true)
 	if err != nil {
 		return err
 	}
@@ -249,8 +252,12 @@ func (s *cniServer) GC(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply,
 }
 
 // gc removes every CNI attachment of this network that the runtime does not
-// list in cni.dev/valid-attachments.
+// list in cni.dev/valid-attachments — as of when the request started: an
+// ADD still running then, or one begun since, is not in the runtime's list
+// but is not garbage either (Daemon.Collect).
 func (s *cniServer) gc(ctx context.Context, req *rpc.CNIRequest) error {
+	since := time.Now()
+	busy := s.d.adds.snapshot()
 	conf, err := cni.Parse(req.Netconf)
 	if err != nil {
 		return err
@@ -272,9 +279,11 @@ func (s *cniServer) gc(ctx context.Context, req *rpc.CNIRequest) error {
 		if netns.IsNetNS(nsPath) != nil {
 			nsPath = ""
 		}
-		s.d.log.Info("gc: removing stale attachment", "key", a.AttachmentKey, "addrs", a.Addrs)
-		if _, err := s.d.Detach(ctx, a.AttachmentKey, nsPath); err != nil {
+		removed, err := s.d.Collect(ctx, a.AttachmentKey, nsPath, since, busy)
+		if err != nil {
 			errs = append(errs, err)
+		} else if removed {
+			s.d.log.Info("gc: removed stale attachment", "key", a.AttachmentKey, "addrs", a.Addrs)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

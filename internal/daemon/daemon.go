@@ -22,7 +22,10 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/keylock"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
+	"github.com/skeinnet/skein/internal/unixsock"
 )
 
 // Version is set at build time.
@@ -51,8 +54,18 @@ type Config struct {
 	Dataplane dataplane.Config `json:"dataplane"`
 	// Pools are created at start when absent.
 	Pools []PoolSpec `json:"pools,omitempty"`
+	// ReconcileForce lets the start-up reconcile delete host links the
+	// store cannot account for (see ErrStoreMismatch); false refuses to
+	// start instead. A one-off flag, never read from a config file.
+	ReconcileForce bool `json:"-"`
 	// Logger; nil = slog.Default().
 	Logger *slog.Logger `json:"-"`
+	// Store, if set, is used instead of the embedded store under
+	// StateDir; the daemon closes it. (Unit tests pass a fake.)
+	Store store.Store `json:"-"`
+	// Kernel, if set, is used instead of a dataplane.Dataplane built from
+	// Dataplane; the daemon closes it. (Unit tests pass a fake.)
+	Kernel Kernel `json:"-"`
 }
 
 // Defaults.
@@ -68,11 +81,14 @@ type Daemon struct {
 	log      *slog.Logger
 	st       store.Store
 	ipam     *ipam.Manager
-	dp       *dataplane.Dataplane
+	dp       Kernel
 	dpConfig dataplane.Config
-	locks    keyLocks
-	metrics  *metrics
-	started  time.Time
+	locks    keylock.Locks
+	adds     inflight
+	// hostNS: namespaces no pod may be plumbed into (checkPodNetNS).
+	hostNS  map[netns.ID]string
+	metrics *metrics
+	started time.Time
 
 	exportMu   sync.Mutex
 	exportKick chan struct{}
@@ -116,9 +132,11 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: cfg.Logger, started: time.Now(), exportKick: make(chan struct{}, 1), done: make(chan struct{})}
 	d.metrics = newMetrics(d)
 
-	st, err := store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{})
-	if err != nil {
-		return nil, err
+	st := cfg.Store
+	if st == nil {
+		if st, err = store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{}); err != nil {
+			return nil, err
+		}
 	}
 	d.st = st
 	defer func() {
@@ -130,9 +148,11 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dp, err := dataplane.New(cfg.Dataplane)
-	if err != nil {
-		return nil, fmt.Errorf("dataplane: %w", err)
+	dp := cfg.Kernel
+	if dp == nil {
+		if dp, err = dataplane.New(cfg.Dataplane); err != nil {
+			return nil, fmt.Errorf("dataplane: %w", err)
+		}
 	}
 	d.dp = dp
 	d.dpConfig = dp.Config()
@@ -144,6 +164,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := dp.Init(); err != nil {
 		return nil, fmt.Errorf("dataplane init: %w", err)
 	}
+	d.hostNS = hostNamespaces(d.dpConfig.NodeNetNS, d.log)
 	for _, p := range cfg.Pools {
 		if err := d.ensurePool(ctx, p); err != nil {
 			return nil, err
@@ -171,7 +192,7 @@ func (d *Daemon) OnStop(f func()) { d.onStop = append(d.onStop, f) }
 func (d *Daemon) Logger() *slog.Logger { return d.log }
 
 // Dataplane is the kernel programming layer, for front doors.
-func (d *Daemon) Dataplane() *dataplane.Dataplane { return d.dp }
+func (d *Daemon) Dataplane() Kernel { return d.dp }
 
 // Node is this node's name.
 func (d *Daemon) Node() string { return d.cfg.Node }
@@ -222,19 +243,9 @@ func (d *Daemon) IPAM() *ipam.Manager { return d.ipam }
 // ctx ends or Close is called. extra registers more services on the
 // gRPC server (front doors living in other packages).
 func (d *Daemon) Serve(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Dir(d.cfg.Socket), 0o755); err != nil {
-		return fmt.Errorf("socket directory: %w", err)
-	}
-	if err := os.Remove(d.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
-	}
-	l, err := net.Listen("unix", d.cfg.Socket)
+	l, err := unixsock.Listen("unix", d.cfg.Socket) // mode 0600 from the start
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", d.cfg.Socket, err)
-	}
-	if err := os.Chmod(d.cfg.Socket, 0o600); err != nil {
-		l.Close()
-		return fmt.Errorf("chmod socket: %w", err)
+		return err
 	}
 	errc := make(chan error, 2)
 	if d.cfg.MetricsAddr != "off" {

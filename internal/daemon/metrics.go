@@ -11,10 +11,9 @@ import (
 )
 
 type metrics struct {
-	reg         *prometheus.Registry
-	requests    *prometheus.CounterVec
-	duration    *prometheus.HistogramVec
-	attachments prometheus.Gauge
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -29,12 +28,16 @@ func newMetrics(d *Daemon) *metrics {
 			Help:    "Time skeind spent on a request, by front door and verb.",
 			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
 		}, []string{"frontdoor", "verb"}),
-		attachments: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "skein_attachments",
-			Help: "Attachments this node holds.",
-		}),
 	}
-	m.reg.MustRegister(m.requests, m.duration, m.attachments, &poolCollector{d: d},
+	// Counted from the store at scrape time, so that every front door's
+	// attachments (Docker's endpoints are written by the Docker front
+	// door, not through Attach) are counted, and a restart needs no
+	// bookkeeping.
+	attachments := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "skein_attachments",
+		Help: "Attachments this node holds: interfaces with a host link (CNI, VM and Docker endpoints; Docker's address leases are not counted).",
+	}, func() float64 { return float64(d.countAttachments()) })
+	m.reg.MustRegister(m.requests, m.duration, attachments, &poolCollector{d: d},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
@@ -83,4 +86,20 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(poolFreeDesc, prometheus.GaugeValue, float64(u.Free), p.Name)
 		ch <- prometheus.MustNewConstMetric(poolBlocksDesc, prometheus.GaugeValue, float64(u.Blocks), p.Name)
 	}
+}
+
+// countAttachments counts the records that have a host link.
+func (d *Daemon) countAttachments() int {
+	atts, err := d.st.ListAttachments(context.Background())
+	if err != nil {
+		d.log.Warn("metrics: count attachments", "err", err)
+		return 0
+	}
+	n := 0
+	for _, a := range atts {
+		if a.HostLink != "" {
+			n++
+		}
+	}
+	return n
 }

@@ -94,6 +94,10 @@ var (
 	ErrNotOwned = errors.New("link not owned by skein")
 	// ErrMismatch: Check found the kernel state different from the Link.
 	ErrMismatch = errors.New("dataplane state does not match")
+	// ErrUndoFailed: Setup or SetupPair failed and could not delete what
+	// it had created: the pair, and the routes to its addresses, may
+	// still exist. The addresses must stay held until a Teardown succeeds.
+	ErrUndoFailed = errors.New("undo failed; the link may remain")
 )
 
 // Error is returned by every Dataplane method: the operation, the host-side

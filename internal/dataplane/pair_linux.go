@@ -98,7 +98,7 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 	hostIndex := veth.Index
 	defer func() {
 		if retErr != nil {
-			d.rollback(h, hostIndex, p.HostName)
+			retErr = d.rollback(h, hostIndex, p.HostName, retErr)
 		}
 	}()
 	if hostIndex == 0 {

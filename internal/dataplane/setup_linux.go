@@ -107,7 +107,7 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 	hostIndex := veth.Index // filled by LinkAdd's lookup; 0 if that failed
 	defer func() {
 		if retErr != nil {
-			d.rollback(h, hostIndex, l.HostName)
+			retErr = d.rollback(h, hostIndex, l.HostName, retErr)
 		}
 	}()
 	if hostIndex == 0 {
@@ -180,11 +180,32 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 }
 
 // rollback deletes the host veth Setup created, which takes the peer, the
-// addresses and every route through either end with it.
-func (d *Dataplane) rollback(h *netlink.Handle, index int, name string) {
+// addresses and every route through either end with it, and returns cause.
+// If the link cannot be deleted, the error also wraps ErrUndoFailed: the
+// pair and its routes may still be there, so the caller must keep the
+// addresses held.
+//
+// index 0 (the new link's index is unknown) finds the link by name.
+func (d *Dataplane) rollback(h *netlink.Handle, index int, name string, cause error) error {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Index, attrs.Name = index, name
-	_ = h.LinkDel(&netlink.Veth{LinkAttrs: attrs})
+	var link netlink.Link = &netlink.Veth{LinkAttrs: attrs}
+	var err error
+	if index == 0 {
+		link, err = h.LinkByName(name)
+		if isNotFound(err) {
+			return cause
+		}
+	}
+	if err == nil {
+		if err = h.LinkDel(link); isNotFound(err) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w (undo: delete %s: %w: %v)", cause, name, ErrUndoFailed, err)
+	}
+	return cause
 }
 
 // whichExists explains an EEXIST from LinkAdd without changing anything.
@@ -207,8 +228,8 @@ func (d *Dataplane) validateLink(l Link) (v4, v6 bool, mtu int, err error) {
 	if err := validIfName("interface name", l.IfName); err != nil {
 		return false, false, 0, err
 	}
-	if !strings.HasPrefix(l.Alias, d.cfg.AliasPrefix) || len(l.Alias) > 255 {
-		return false, false, 0, fmt.Errorf("alias %q must start with %q and fit 255 bytes: %w", l.Alias, d.cfg.AliasPrefix, ErrInvalid)
+	if !strings.HasPrefix(l.Alias, d.cfg.AliasPrefix) || len(l.Alias) > MaxAliasLen {
+		return false, false, 0, fmt.Errorf("alias %q must start with %q and fit %d bytes: %w", l.Alias, d.cfg.AliasPrefix, MaxAliasLen, ErrInvalid)
 	}
 	if l.NetNS == "" {
 		return false, false, 0, fmt.Errorf("no pod netns: %w", ErrInvalid)

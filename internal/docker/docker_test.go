@@ -33,6 +33,9 @@ func (f *fakePlumber) SetupPair(p dataplane.Pair) (dataplane.Applied, error) {
 	if f.fail != nil {
 		return dataplane.Applied{}, f.fail
 	}
+	if !strings.HasPrefix(p.Alias, f.Config().AliasPrefix) || len(p.Alias) > dataplane.MaxAliasLen {
+		return dataplane.Applied{}, fmt.Errorf("alias %q does not fit: %w", p.Alias, dataplane.ErrInvalid)
+	}
 	f.links[p.HostName] = p
 	return dataplane.Applied{}, nil
 }
@@ -233,6 +236,7 @@ func TestLifecycle(t *testing.T) {
 	if mac, _ := ce["Interface"].(map[string]any)["MacAddress"].(string); mac == "" {
 		t.Errorf("CreateEndpoint should choose the MAC: %v", ce)
 	}
+	e.assertOneOwner(t)
 	j := e.call(t, "NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "ep1", SandboxKey: "/nonexistent"})
 	routes, _ := json.Marshal(j["StaticRoutes"])
 	// The IPv6 gateway is the endpoint's own: its host veth's link-local
@@ -388,5 +392,94 @@ func TestJoinLegacyGateway6(t *testing.T) {
 	j := e.call(t, "NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "old", SandboxKey: "/nonexistent"})
 	if j["GatewayIPv6"] != "fe80::1" {
 		t.Errorf("Join of a legacy endpoint: GatewayIPv6 = %v, want the shared fe80::1", j["GatewayIPv6"])
+	}
+}
+
+// assertOneOwner: every address is owned by exactly one record (a lease);
+// endpoints only borrow theirs, so skeind restores each address once.
+func (e *tenv) assertOneOwner(t *testing.T) {
+	t.Helper()
+	atts, err := e.st.ListAttachments(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[netip.Addr]int{}
+	for _, a := range atts {
+		if a.HostLink != "" && !a.Borrowed {
+			t.Errorf("endpoint %s owns its addresses %v; its leases do", a.AttachmentKey, a.Addrs)
+		}
+		if !a.Borrowed {
+			for _, ad := range a.Addrs {
+				owners[ad]++
+			}
+		}
+	}
+	for _, a := range atts {
+		for _, ad := range a.Addrs {
+			if owners[ad] != 1 {
+				t.Errorf("address %v of %s has %d owning records, want 1", ad, a.AttachmentKey, owners[ad])
+			}
+		}
+	}
+}
+
+// TestMarkBorrowed: endpoint records from before Borrowed existed are
+// marked when the driver starts; leases and other front doors' records
+// are left alone.
+func TestMarkBorrowed(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "skein.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m, err := ipam.NewManager(ipam.Options{Store: st, Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := []netip.Addr{netip.MustParseAddr("10.64.0.9")}
+	old := []store.Attachment{
+		{AttachmentKey: endpointKey("n", "ep"), Addrs: addr, HostLink: "skold", Owner: Owner},
+		{AttachmentKey: leaseKey("pool", addr[0]), Addrs: addr, Owner: Owner},
+		{AttachmentKey: store.AttachmentKey{Network: "cni", ContainerID: "c", IfName: "eth0"}, Addrs: addr, HostLink: "skcni", Owner: "cni"},
+	}
+	for _, a := range old {
+		if err := st.PutAttachment(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := New(Options{Store: st, IPAM: m, Dataplane: &fakePlumber{}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, false} {
+		a, err := st.GetAttachment(ctx, old[i].AttachmentKey)
+		if err != nil || a.Borrowed != want {
+			t.Errorf("%s: borrowed %v (err %v), want %v", old[i].AttachmentKey, a.Borrowed, err, want)
+		}
+	}
+}
+
+// TestLongIDs: Docker does not bound network and endpoint IDs; an endpoint
+// with long ones still gets a host link whose tag fits the kernel's alias
+// limit and names it.
+func TestLongIDs(t *testing.T) {
+	e := newTenv(t)
+	id := strings.Repeat("d", 200)
+	pids := e.createNetwork(t, id, "10.90.0.0/24", "", "", nil)
+	a4 := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]})["Address"].(string)
+	for _, ep := range []string{strings.Repeat("e", 300) + "1", strings.Repeat("e", 300) + "2"} {
+		e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: id, EndpointID: ep, Interface: &endpointInterface{Address: a4}})
+	}
+	e.dp.mu.Lock()
+	defer e.dp.mu.Unlock()
+	aliases := map[string]bool{}
+	for _, p := range e.dp.links {
+		if len(p.Alias) > dataplane.MaxAliasLen || !strings.HasPrefix(p.Alias, "skein:docker:ddd") || !strings.HasSuffix(p.Alias, ":eth") {
+			t.Errorf("alias %q (%d bytes)", p.Alias, len(p.Alias))
+		}
+		aliases[p.Alias] = true
+	}
+	if len(aliases) != 2 {
+		t.Errorf("two endpoints, %d distinct aliases: %v", len(aliases), aliases)
 	}
 }

@@ -327,6 +327,7 @@ func (d *Driver) createEndpoint(ctx context.Context, r *createEndpointRequest) (
 		HostLink:      host,
 		ContainerMAC:  mac.String(),
 		Owner:         Owner,
+		Borrowed:      true, // the leases own the addresses
 		Created:       time.Now().UTC(),
 		Extra:         extra,
 	}
@@ -350,7 +351,7 @@ func (d *Driver) createEndpoint(ctx context.Context, r *createEndpointRequest) (
 	if _, err := d.o.Dataplane.SetupPair(dataplane.Pair{
 		HostName: host,
 		PeerName: peer,
-		Alias:    cfg.AliasPrefix + k.Network + ":" + k.ContainerID + ":" + k.IfName, // as daemon.aliasFor (reconcile retags with it)
+		Alias:    dataplane.AttachmentAlias(cfg.AliasPrefix, k.Network, k.ContainerID, k.IfName), // as the daemon's (reconcile retags with it)
 		Addrs:    addrs,
 		MTU:      d.o.MTU,
 		PeerMAC:  mac,

@@ -7,11 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
 	"github.com/skeinnet/skein/internal/store"
+	"github.com/skeinnet/skein/internal/unixsock"
 )
 
 // DefaultSocket is where Docker discovers the plugin named "skein".
@@ -97,7 +95,31 @@ func New(o Options) (*Driver, error) {
 		o.Logger = slog.Default()
 	}
 	cfg := o.Dataplane.Config()
-	return &Driver{o: o, log: o.Logger, gw4: cfg.GatewayV4, gw6: cfg.GatewayV6}, nil
+	d := &Driver{o: o, log: o.Logger, gw4: cfg.GatewayV4, gw6: cfg.GatewayV6}
+	if err := d.markBorrowed(context.Background()); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// markBorrowed marks endpoint records written before store.Attachment had
+// Borrowed: their addresses are their leases'. (Until it runs once, the
+// daemon's start reports such addresses as restored twice.)
+func (d *Driver) markBorrowed(ctx context.Context) error {
+	atts, err := d.o.Store.ListAttachments(ctx)
+	if err != nil {
+		return fmt.Errorf("docker: list attachments: %w", err)
+	}
+	for _, a := range atts {
+		if a.Owner != Owner || a.HostLink == "" || a.Borrowed {
+			continue
+		}
+		a.Borrowed = true
+		if err := d.o.Store.UpdateAttachment(ctx, a); err != nil {
+			return fmt.Errorf("docker: mark endpoint %s as borrowing its addresses: %w", a.AttachmentKey, err)
+		}
+	}
+	return nil
 }
 
 // method is one endpoint: newReq makes the request to decode into (nil:
@@ -257,19 +279,9 @@ type Server struct {
 // Listen serves d on a UNIX socket at path (mode 0600; a stale socket is
 // replaced) until Close.
 func Listen(d *Driver, path string) (*Server, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("docker plugin socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale docker plugin socket: %w", err)
-	}
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen("unix", path) // mode 0600 from the start
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("chmod %s: %w", path, err)
+		return nil, fmt.Errorf("docker plugin: %w", err)
 	}
 	s := &Server{path: path, http: &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}, done: make(chan struct{})}
 	go func() {
@@ -282,7 +294,8 @@ func Listen(d *Driver, path string) (*Server, error) {
 	return s, nil
 }
 
-// Close stops accepting, waits for calls in flight and removes the socket.
+// Close stops accepting, waits for calls in flight and removes the socket
+// (closing the listener does, unless another socket replaced it).
 func (s *Server) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -290,5 +303,4 @@ func (s *Server) Close() {
 		_ = s.http.Close()
 	}
 	<-s.done
-	_ = os.Remove(s.path)
 }

@@ -8,10 +8,12 @@
 package ipam
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -258,9 +260,22 @@ func (g *Geometry) Locate(a netip.Addr) (block, off uint32, ok bool) {
 // indexRange is the block indices [start, end).
 type indexRange struct{ start, end uint32 }
 
-// blockRanges returns the ranges of blocks whose slice of the v6 family
-// overlaps one of within (prefixes of other families are ignored).
-func (g *Geometry) blockRanges(within []netip.Prefix, v6 bool) []indexRange {
+// span is the offsets [lo, hi] (inclusive) from the start of a slot's
+// subnet in one family.
+type span struct{ lo, hi uint64 }
+
+// usableBlocks returns the ranges of blocks, ascending, whose slice of the
+// v6 family holds at least one address that is not reserved and, when
+// within has prefixes of that family, lies in one of them (prefixes of the
+// other family are ignored). A block outside these ranges has nothing to
+// hand out in that family: claiming it would cost a store write and fail
+// the request (a pool with a reserved /22 would otherwise make 32 requests
+// fail, one per block claimed).
+//
+// The work is interval arithmetic on the reservations, not a walk over
+// blocks: a reserved /96 in an IPv6 /64 covers 2^27 blocks.
+func (g *Geometry) usableBlocks(within []netip.Prefix, v6 bool) []indexRange {
+	within = familyOf(within, v6)
 	var out []indexRange
 	for _, s := range g.slots {
 		p := s.v4
@@ -270,27 +285,93 @@ func (g *Geometry) blockRanges(within []netip.Prefix, v6 bool) []indexRange {
 		if !p.IsValid() || s.blocks == 0 {
 			continue
 		}
-		for _, w := range within {
-			if !w.IsValid() || w.Addr().Is6() != v6 || !w.Overlaps(p) {
+		size := uint64(s.blocks) << g.bits // addresses of the slot in use (a /64 has more than 2^32 blocks)
+		wanted := []span{{0, size - 1}}
+		if len(within) > 0 {
+			wanted = wanted[:0]
+			for _, w := range within {
+				if sp, ok := g.spanOf(p, size, w.Masked().Addr(), lastAddr(w.Masked())); ok {
+					wanted = append(wanted, sp)
+				}
+			}
+		}
+		var reserved []span
+		for _, r := range g.reserved {
+			if r.first.Is6() != v6 {
 				continue
 			}
-			w = w.Masked()
-			if w.Bits() <= p.Bits() {
-				out = append(out, indexRange{s.first, s.first + s.blocks})
+			if sp, ok := g.spanOf(p, size, r.first, r.last); ok {
+				reserved = append(reserved, sp)
+			}
+		}
+		for _, sp := range subtractSpans(mergeSpans(wanted), mergeSpans(reserved)) {
+			r := indexRange{s.first + uint32(sp.lo>>g.bits), s.first + uint32(sp.hi>>g.bits) + 1}
+			if n := len(out); n > 0 && out[n-1].end >= r.start {
+				out[n-1].end = max(out[n-1].end, r.end)
 				continue
 			}
-			// w lies inside p: its blocks run from the one holding its
-			// first address to the one holding its last.
-			lo, fits := diff(w.Addr(), p.Addr())
-			if !fits || lo>>g.bits >= uint64(s.blocks) {
-				continue
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// spanOf returns the part of [first, last] inside the first size addresses
+// of p, as offsets from p's first address; ok is false when they do not
+// meet.
+func (g *Geometry) spanOf(p netip.Prefix, size uint64, first, last netip.Addr) (span, bool) {
+	base := p.Addr()
+	end := addOffset(base, size-1)
+	if first.BitLen() != base.BitLen() || last.Less(base) || end.Less(first) {
+		return span{}, false
+	}
+	sp := span{0, size - 1}
+	if base.Less(first) {
+		sp.lo, _ = diff(first, base)
+	}
+	if last.Less(end) {
+		sp.hi, _ = diff(last, base)
+	}
+	return sp, true
+}
+
+// mergeSpans sorts spans and joins those that overlap or touch.
+func mergeSpans(spans []span) []span {
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	var out []span
+	for _, sp := range spans {
+		if n := len(out); n > 0 && (sp.lo <= out[n-1].hi || sp.lo == out[n-1].hi+1) {
+			out[n-1].hi = max(out[n-1].hi, sp.hi)
+			continue
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// subtractSpans returns the parts of a (merged, ascending) not in b
+// (merged, ascending).
+func subtractSpans(a, b []span) []span {
+	var out []span
+	k := 0
+	for _, sp := range a {
+		lo := sp.lo
+		for k < len(b) && b[k].hi < lo {
+			k++
+		}
+		j := k
+		for ; j < len(b) && b[j].lo <= sp.hi; j++ {
+			if b[j].lo > lo {
+				out = append(out, span{lo, b[j].lo - 1})
 			}
-			hi, fits := diff(lastAddr(w), p.Addr())
-			if !fits {
-				hi = ^uint64(0)
+			if b[j].hi >= sp.hi {
+				lo = sp.hi + 1
+				break
 			}
-			end := min(hi>>g.bits+1, uint64(s.blocks))
-			out = append(out, indexRange{s.first + uint32(lo>>g.bits), s.first + uint32(end)})
+			lo = b[j].hi + 1
+		}
+		if lo <= sp.hi {
+			out = append(out, span{lo, sp.hi})
 		}
 	}
 	return out

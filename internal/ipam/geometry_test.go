@@ -3,6 +3,7 @@ package ipam
 import (
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -283,35 +284,111 @@ func TestReserved(t *testing.T) {
 	}
 }
 
-func TestBlockRanges(t *testing.T) {
+func TestUsableBlocks(t *testing.T) {
 	g := mustGeometry(t, []string{"10.0.0.0/24", "fd00::/64", "10.0.1.0/24", "fd01::/64"}, 0)
 	tests := []struct {
 		within []string
 		v6     bool
 		want   []indexRange
 	}{
+		{nil, false, []indexRange{{0, 16}}},
+		{nil, true, []indexRange{{0, 16}}},
 		{[]string{"10.0.0.0/24"}, false, []indexRange{{0, 8}}},
-		{[]string{"10.0.0.0/8"}, false, []indexRange{{0, 8}, {8, 16}}},
+		{[]string{"10.0.0.0/8"}, false, []indexRange{{0, 16}}},
 		{[]string{"10.0.0.64/26"}, false, []indexRange{{2, 4}}},
 		{[]string{"10.0.0.70/32"}, false, []indexRange{{2, 3}}},
 		{[]string{"10.0.1.200/29"}, false, []indexRange{{14, 15}}},
 		{[]string{"10.0.2.0/24"}, false, nil},
-		{[]string{"10.0.0.0/24"}, true, nil},
+		{[]string{"10.0.0.0/24"}, true, []indexRange{{0, 16}}}, // an IPv4 range does not limit IPv6
 		{[]string{"fd01::40/122"}, true, []indexRange{{10, 12}}},
 		{[]string{"fd00::/48"}, true, []indexRange{{0, 8}}},
+		// Only reserved addresses: the network address, the broadcast.
+		{[]string{"10.0.0.0/32"}, false, nil},
+		{[]string{"10.0.1.255/32", "10.0.0.0/32"}, false, nil},
 		// Past the addressable blocks of the /64.
 		{[]string{"fd00::1:0:0:0/80"}, true, nil},
 	}
 	for _, tt := range tests {
-		got := g.blockRanges(prefixes(tt.within...), tt.v6)
-		if len(got) != len(tt.want) {
+		got := g.usableBlocks(prefixes(tt.within...), tt.v6)
+		if !slices.Equal(got, tt.want) {
 			t.Errorf("%v v6=%v: got %v, want %v", tt.within, tt.v6, got, tt.want)
+		}
+	}
+}
+
+// TestUsableBlocksReserved: blocks every address of which is reserved are
+// left out, in either family alone, however the reservations are written.
+func TestUsableBlocksReserved(t *testing.T) {
+	tests := []struct {
+		subnets  []string
+		reserved []string
+		within   []string
+		v6       bool
+		want     []indexRange
+	}{
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.0/27"}, nil, false, []indexRange{{1, 8}}},
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.224/27"}, nil, false, []indexRange{{0, 7}}},
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.64/26"}, nil, false, []indexRange{{0, 2}, {4, 8}}},
+		// Pieces that only together cover block 1; the network address
+		// and a range cover block 0.
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.1-10.0.0.40", "10.0.0.41/32", "10.0.0.42-10.0.0.63"}, nil, false, []indexRange{{2, 8}}},
+		// One address left free keeps the block.
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.32-10.0.0.62"}, nil, false, []indexRange{{0, 8}}},
+		{[]string{"10.0.0.0/16"}, []string{"10.0.0.0/22"}, nil, false, []indexRange{{32, 2048}}},
+		// A range reaching past the pool on both sides.
+		{[]string{"10.0.0.0/24"}, []string{"9.0.0.0-10.0.0.95"}, nil, false, []indexRange{{3, 8}}},
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.0/8"}, nil, false, nil},
+		// Within and reservations together.
+		{[]string{"10.0.0.0/24"}, []string{"10.0.0.32/28"}, []string{"10.0.0.32/28", "10.0.0.100/32"}, false, []indexRange{{3, 4}}},
+		// Dual stack: each family on its own.
+		{[]string{"10.0.0.0/24", "fd00::/120"}, []string{"10.0.0.0/27"}, nil, false, []indexRange{{1, 8}}},
+		{[]string{"10.0.0.0/24", "fd00::/120"}, []string{"10.0.0.0/27"}, nil, true, []indexRange{{0, 8}}},
+		// 2^27 blocks of an IPv6 /64 reserved: no walk over them.
+		{[]string{"fd00::/64"}, []string{"fd00::/96"}, nil, true, []indexRange{{1 << 27, 1<<32 - 1}}},
+	}
+	for _, tt := range tests {
+		g := mustGeometry(t, tt.subnets, 0, tt.reserved...)
+		got := g.usableBlocks(prefixes(tt.within...), tt.v6)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%v reserved %v within %v v6=%v: got %v, want %v", tt.subnets, tt.reserved, tt.within, tt.v6, got, tt.want)
+		}
+		// Cross-check against the slow way on small pools.
+		if g.Blocks() > 4096 {
 			continue
 		}
-		for i := range got {
-			if got[i] != tt.want[i] {
-				t.Errorf("%v v6=%v: got %v, want %v", tt.within, tt.v6, got, tt.want)
+		for i := range g.Blocks() {
+			usable := false
+			for off := range g.BlockSize() {
+				a := g.Addr(i, off, tt.v6)
+				in := len(familyOf(prefixes(tt.within...), tt.v6)) == 0
+				for _, w := range familyOf(prefixes(tt.within...), tt.v6) {
+					in = in || w.Contains(a)
+				}
+				usable = usable || in && !g.Reserved(a)
 			}
+			listed := false
+			for _, r := range got {
+				listed = listed || r.start <= i && i < r.end
+			}
+			if usable != listed {
+				t.Errorf("%v reserved %v: block %d usable=%v but listed=%v", tt.subnets, tt.reserved, i, usable, listed)
+			}
+		}
+	}
+}
+
+func TestSubtractSpans(t *testing.T) {
+	tests := []struct{ a, b, want []span }{
+		{[]span{{0, 9}}, nil, []span{{0, 9}}},
+		{[]span{{0, 9}}, []span{{0, 9}}, nil},
+		{[]span{{0, 9}}, []span{{3, 4}}, []span{{0, 2}, {5, 9}}},
+		{[]span{{0, 9}}, []span{{0, 0}, {9, 9}}, []span{{1, 8}}},
+		{[]span{{0, 4}, {10, 14}}, []span{{3, 11}}, []span{{0, 2}, {12, 14}}},
+		{[]span{{5, 6}}, []span{{0, 1}, {8, 9}}, []span{{5, 6}}},
+	}
+	for _, tt := range tests {
+		if got := subtractSpans(tt.a, tt.b); !slices.Equal(got, tt.want) {
+			t.Errorf("%v - %v = %v, want %v", tt.a, tt.b, got, tt.want)
 		}
 	}
 }

@@ -29,10 +29,11 @@ type Options struct {
 	Store store.Store
 	// Node is this node's name; blocks are claimed under it. Required.
 	Node string
-	// OnBlocksChanged, if set, is called after this node claims a block,
-	// so the route export can follow. It is called with no lock of the
-	// Manager held (it may call OwnedBlocks), on the goroutine that
-	// claimed the block, which waits for it: it should return quickly.
+	// OnBlocksChanged, if set, is called after the blocks this node owns
+	// change — it claims a block, or a pool it may own blocks of is
+	// deleted — so the route export can follow. It is called with no lock
+	// of the Manager held (it may call OwnedBlocks), on the goroutine that
+	// made the change, which waits for it: it should return quickly.
 	OnBlocksChanged func()
 }
 
@@ -128,8 +129,9 @@ func (m *Manager) CreatePool(ctx context.Context, p store.Pool) (store.Pool, err
 	return p, err
 }
 
-// DeletePool deletes a pool no attachment holds. The error names the
-// holders otherwise.
+// DeletePool deletes a pool no attachment holds, with its blocks, and
+// reports the change through OnBlocksChanged (the export must stop
+// announcing them). The error names the holders otherwise.
 func (m *Manager) DeletePool(ctx context.Context, name string) error {
 	err := m.st.DeletePool(ctx, name, func(holders []store.Attachment) error {
 		if len(holders) == 0 {
@@ -149,12 +151,14 @@ func (m *Manager) DeletePool(ctx context.Context, name string) error {
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: %q", ErrPoolNotFound, name)
 	}
-	if err == nil {
-		m.mu.Lock()
-		delete(m.pools, name)
-		m.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return err
+	m.mu.Lock()
+	delete(m.pools, name)
+	m.mu.Unlock()
+	m.changed()
+	return nil
 }
 
 // pool returns the in-memory state of a pool, loading it on first use.
@@ -341,15 +345,11 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 			return a, nil
 		}
 	}
-	// Every owned block is full for this family: claim another one that
-	// intersects within (if given).
-	var blk store.Block
-	var err error
-	if len(within) == 0 {
-		blk, err = m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), nil, nil)
-	} else {
-		blk, err = m.claimWithin(ctx, ps, ps.geo.blockRanges(within, v6))
-	}
+	// Every owned block is full for this family: claim another one with
+	// an address to hand out (not every one reserved; in within, if
+	// given). A block with none is never claimed: it would fail this
+	// request and, claimed, be skipped forever after.
+	blk, err := m.claimWithin(ctx, ps, ps.geo.usableBlocks(within, v6))
 	if errors.Is(err, store.ErrExhausted) {
 		return netip.Addr{}, fmt.Errorf("%w in pool %q", ErrExhausted, ps.def.Name)
 	}
@@ -369,6 +369,7 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 // filter would test every index from 0 (2^32 of them in an IPv6 /64 pool),
 // so the free index is found here from the claimed blocks and asked for by
 // number; losing it to another node's claim meanwhile means trying again.
+// store.ErrExhausted when ranges hold no free block.
 func (m *Manager) claimWithin(ctx context.Context, ps *poolState, ranges []indexRange) (store.Block, error) {
 	const attempts = 5
 	for range attempts {
@@ -504,7 +505,8 @@ func (m *Manager) Release(ctx context.Context, pool string, addrs []netip.Addr) 
 }
 
 // Restore marks addresses of an existing attachment used, on start. The
-// block must be this node's (claimed for it if free).
+// block must be this node's (claimed for it if free). Addresses held
+// already give a *DupError once the others are restored.
 func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) error {
 	ps, err := m.pool(ctx, pool)
 	if err != nil {
@@ -543,10 +545,22 @@ func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) 
 		}
 	}
 	if len(dup) > 0 {
-		return fmt.Errorf("%w: %v restored twice (two records hold it)", ErrInUse, dup)
+		return &DupError{Addrs: dup}
 	}
 	return nil
 }
+
+// DupError is Restore's error for addresses that were held already; it
+// wraps ErrInUse. The other addresses of the call were restored.
+type DupError struct {
+	Addrs []netip.Addr
+}
+
+func (e *DupError) Error() string {
+	return fmt.Sprintf("%v: %v restored twice (two records hold it)", ErrInUse, e.Addrs)
+}
+
+func (e *DupError) Unwrap() error { return ErrInUse }
 
 // Usage describes a pool's use on this node.
 type Usage struct {

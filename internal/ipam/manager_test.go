@@ -690,3 +690,98 @@ func TestLoadAllOwnedBlocks(t *testing.T) {
 		t.Fatalf("OwnedBlocks = %v, want %v", got, want)
 	}
 }
+
+// TestReservedBlocksNotClaimed: a block whose every address is reserved is
+// skipped without being claimed, so no request fails on it: the first ADD
+// of a /24 with its first /27 reserved succeeds, and reserving a /22 costs
+// no failed ADDs and no store writes for its 32 blocks.
+func TestReservedBlocksNotClaimed(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		subnets  []string
+		reserved []string
+		want     []string // the first addresses handed out, in order
+		blocks   []uint32 // blocks claimed in the store afterwards
+	}{
+		{"first /27 of a /24", []string{"10.0.0.0/24"}, []string{"10.0.0.0/27"}, []string{"10.0.0.32", "10.0.0.33"}, []uint32{1}},
+		{"first /22 of a /16", []string{"10.0.0.0/16"}, []string{"10.0.0.0/22"}, []string{"10.0.4.0", "10.0.4.1"}, []uint32{32}},
+		{"IPv6 /96 of a /64", []string{"fd00::/64"}, []string{"fd00::/96"}, []string{"fd00::1:0:0", "fd00::1:0:1"}, []uint32{1 << 27}},
+		{"dual stack, IPv4 half reserved", []string{"10.0.0.0/26", "fd00::/122"}, []string{"10.0.0.0/27"}, []string{"10.0.0.32", "fd00::20"}, []uint32{1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, st := setup(t, tt.subnets, 0, tt.reserved...)
+			var got []string
+			for len(got) < len(tt.want) {
+				as, err := m.Allocate(ctx, Request{Pool: "p"})
+				if err != nil {
+					t.Fatalf("ADD %d failed: %v", len(got)+1, err)
+				}
+				for _, a := range as {
+					got = append(got, a.String())
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("handed out %v, want %v", got, tt.want)
+			}
+			bs, err := st.ListBlocks(ctx, "p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var idx []uint32
+			for _, b := range bs {
+				idx = append(idx, b.Index)
+			}
+			if !slices.Equal(idx, tt.blocks) {
+				t.Errorf("blocks claimed in the store: %v, want %v (a fully reserved block must not be claimed)", idx, tt.blocks)
+			}
+		})
+	}
+
+	// A pool with nothing but reservations: exhausted at once, nothing claimed.
+	m, st := setup(t, []string{"10.0.0.0/26"}, 0, "10.0.0.0/26")
+	if _, err := m.Allocate(ctx, Request{Pool: "p"}); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("all reserved: err = %v, want ErrExhausted", err)
+	}
+	if bs, _ := st.ListBlocks(ctx, "p"); len(bs) != 0 {
+		t.Fatalf("all reserved: blocks claimed %v", bs)
+	}
+}
+
+// TestDeletePoolReports: deleting a pool whose blocks this node owns
+// reports the change, and OwnedBlocks (what the export follows) no longer
+// lists them when the callback runs.
+func TestDeletePoolReports(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	var m *Manager
+	var seen [][]netip.Prefix
+	m, err := NewManager(Options{Store: st, Node: "n1", OnBlocksChanged: func() { seen = append(seen, m.OwnedBlocks()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createPool(t, m, "p", []string{"10.0.0.0/24"}, 0)
+	createPool(t, m, "q", []string{"10.1.0.0/24"}, 0)
+	mustAllocate(t, m, Request{Pool: "p"})
+	a := mustAllocate(t, m, Request{Pool: "q"})
+	m.Release(ctx, "q", a)
+	seen = nil
+	if err := m.DeletePool(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 {
+		t.Fatalf("DeletePool reported %d changes, want 1", len(seen))
+	}
+	if want := prefixes("10.0.0.0/27"); !slices.Equal(seen[0], want) {
+		t.Fatalf("OwnedBlocks after DeletePool = %v, want %v", seen[0], want)
+	}
+	// A refused delete changes nothing and reports nothing.
+	seen = nil
+	if err := m.DeletePool(ctx, "nope"); !errors.Is(err, ErrPoolNotFound) {
+		t.Fatalf("unknown pool: %v", err)
+	}
+	if len(seen) != 0 {
+		t.Fatalf("a failed DeletePool reported %d changes", len(seen))
+	}
+}

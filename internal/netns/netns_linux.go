@@ -3,7 +3,9 @@
 // It owns three things: running a function inside a namespace (Do), opening
 // netlink handles whose sockets live in a namespace (Handle), and the
 // namespace-relative files under /proc/sys (WriteSysctl). It also pins new
-// namespaces to a path (Create/Remove) for tests and tools.
+// namespaces to a path (Create/Remove) for tests and tools, preparing the
+// pin directory as iproute2 does (PrepareDir, which explains why), and reads
+// the mount table those pins live in (MountTable).
 //
 // # The thread hazard
 //
@@ -130,6 +132,20 @@ func WriteSysctls(nsPath string, kv ...[2]string) error {
 	})
 }
 
+// sharedPinDir reports whether dir is the pin directory other tools bind
+// over themselves (/run/netns, also reached as /var/run/netns).
+func sharedPinDir(dir string) bool {
+	want, err := filepath.EvalSymlinks("/run")
+	if err != nil {
+		want = "/run"
+	}
+	parent, err := filepath.EvalSymlinks(filepath.Dir(filepath.Clean(dir)))
+	if err != nil {
+		parent = filepath.Dir(filepath.Clean(dir))
+	}
+	return filepath.Base(filepath.Clean(dir)) == "netns" && parent == want
+}
+
 func sysctlPath(name string) string {
 	if !strings.Contains(name, "/") {
 		name = strings.ReplaceAll(name, ".", "/")
@@ -138,10 +154,22 @@ func sysctlPath(name string) string {
 }
 
 // Create makes a new, empty network namespace and pins it by bind-mounting it
-// onto path (created if missing; its directory must exist). The namespace
-// lives until Remove(path) and until no process, socket or open file refers
-// to it. The caller's namespace is not changed.
+// onto path (created if missing; its directory is created too). When the
+// directory is the one iproute2, podman and the CNI runtimes share
+// (/run/netns), it is prepared with PrepareDir first, since those tools bind
+// it over itself on first use; a directory of the caller's own (a test's
+// temporary one) is left a plain directory, so removing it stays possible.
+// The namespace lives until Remove(path) and until no process, socket or
+// open file refers to it. The caller's namespace is not changed.
 func Create(path string) error {
+	dir := filepath.Dir(path)
+	if sharedPinDir(dir) {
+		if err := PrepareDir(dir); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create netns directory: %w", err)
+	}
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
 		return fmt.Errorf("create netns mount point: %w", err)
@@ -161,16 +189,60 @@ func Create(path string) error {
 	return nil
 }
 
-// Remove unpins a namespace made by Create and deletes the mount point. It is
-// idempotent. The kernel destroys the namespace (and the veth peers inside
-// it) asynchronously once nothing else refers to it.
+// Remove unpins a namespace made by Create (or by `ip netns add`) and deletes
+// the mount point. It is idempotent: a path that is already gone, or a file
+// that is no longer a mount point, is not an error. A directory is refused.
+// The kernel destroys the namespace (and the veth peers inside it)
+// asynchronously once nothing else refers to it.
+//
+// The mounts on path are detached lazily (MNT_DETACH: a process still inside
+// the namespace does not make Remove fail). If the file still cannot be
+// deleted (EBUSY), an earlier mount of the pin is hidden under a later mount
+// of its directory (see PrepareDir); Remove then deletes the file from a
+// private copy of the mount table, which takes the hidden mount away too.
 func Remove(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil &&
-		!errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("unmount netns %q: %w", path, err)
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err != nil {
+		return fmt.Errorf("remove netns %q: %w", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("remove netns %q: is a directory, not a namespace pin", path)
+	}
+	// A pin may be mounted more than once (a recursive bind of its
+	// directory copies it); take off every layer.
+	for i := 0; i < maxLayers; i++ {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("unmount netns %q: %w", path, err)
+		}
+	}
+	err = os.Remove(path)
+	if errors.Is(err, unix.EBUSY) {
+		err = removeHidden(path)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove netns %q: %w", path, err)
 	}
 	return nil
+}
+
+// ID identifies a network namespace: the device and inode of the file
+// that names it. Two paths (a pinned file, /proc/<pid>/ns/net) name the
+// same namespace exactly when their IDs are equal.
+type ID struct{ Dev, Ino uint64 }
+
+// IDOf returns the ID of the namespace at path (following symlinks, as
+// opening it would).
+func IDOf(path string) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return ID{}, fmt.Errorf("stat netns %q: %w", path, err)
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
 }

@@ -110,17 +110,31 @@ func TestWriteSysctl(t *testing.T) {
 	}
 }
 
+// TestCreateRemove runs in a private mount namespace (see
+// hidden_linux_test.go): Create makes the pin's directory a mount point.
 func TestCreateRemove(t *testing.T) {
-	harness.RequireRoot(t)
-	path := filepath.Join(t.TempDir(), "ns")
+	if !inPrivateMounts(t) {
+		return
+	}
+	dir := pinDir(t)
+	path := filepath.Join(dir, "ns")
 	if err := netns.Create(path); err != nil {
 		t.Fatal(err)
 	}
 	if err := netns.IsNetNS(path); err != nil {
 		t.Errorf("created namespace: %v", err)
 	}
+	if m := mountsAt(t, dir); len(m) != 1 || !strings.Contains(m[0], " shared:") {
+		t.Errorf("the pin directory should be one shared mount of itself; mounts there:\n%s", strings.Join(m, "\n"))
+	}
 	if err := netns.Create(path); err == nil {
 		t.Error("Create over an existing path succeeded")
+	}
+	if err := netns.Remove(dir); err == nil {
+		t.Error("Remove of a directory succeeded")
+	}
+	if m := mountsAt(t, dir); len(m) != 1 {
+		t.Errorf("a refused Remove changed the mounts at %s:\n%s", dir, strings.Join(m, "\n"))
 	}
 	for i := 0; i < 2; i++ {
 		if err := netns.Remove(path); err != nil {
@@ -130,4 +144,20 @@ func TestCreateRemove(t *testing.T) {
 	if err := netns.IsNetNS(path); !errors.Is(err, netns.ErrNotExist) {
 		t.Errorf("after Remove: %v, want ErrNotExist", err)
 	}
+	assertGone(t, path)
+	// Another process preparing the directory again (with a pin in it)
+	// stacks no second mount and hides nothing.
+	if err := netns.Create(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.PrepareDirAgain(dir); err != nil {
+		t.Fatal(err)
+	}
+	if m := mountsAt(t, dir); len(m) != 1 {
+		t.Errorf("preparing twice stacked mounts at %s:\n%s", dir, strings.Join(m, "\n"))
+	}
+	if err := netns.Remove(path); err != nil {
+		t.Error(err)
+	}
+	assertGone(t, path)
 }

@@ -67,8 +67,13 @@ type Attachment struct {
 	HostLink     string       `json:"hostLink,omitempty"`
 	ContainerMAC string       `json:"containerMAC,omitempty"`
 	// Owner names the front door that made it: cni, docker, vm, kurma.
-	Owner   string    `json:"owner"`
-	Created time.Time `json:"created"`
+	Owner string `json:"owner"`
+	// Borrowed: the addresses belong to other records (Docker's IPAM
+	// leases); this one only routes them to its link. One record owns an
+	// address: only the owner holds it in the allocator, releases it, and
+	// restores it on start.
+	Borrowed bool      `json:"borrowed,omitempty"`
+	Created  time.Time `json:"created"`
 	// Extra is opaque data a front door keeps with the attachment (for
 	// instance the CNI result it returned, to answer CHECK).
 	Extra []byte `json:"extra,omitempty"`

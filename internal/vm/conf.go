@@ -46,8 +46,8 @@ func ParseConf(data []byte, requirePrev bool) (*NetConf, error) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q is not supported", c.CNIVersion),
 			"skein-vm supports "+strings.Join(cni.SupportedVersions, ", "))
 	}
-	if c.Name == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "network configuration has no \"name\"", "")
+	if err := cni.ValidateNetworkName(c.Name); err != nil {
+		return nil, err
 	}
 	if c.LeaseSeconds < 0 || c.LeaseSeconds != 0 && c.LeaseSeconds < 10 {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("leaseSeconds %d: must be at least 10", c.LeaseSeconds), "")
@@ -55,6 +55,9 @@ func ParseConf(data []byte, requirePrev bool) (*NetConf, error) {
 	if c.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
 			return nil, types.NewError(types.ErrDecodingFailure, "cannot decode prevResult: "+err.Error(), "")
+		}
+		if err := cni.CheckPrevResult(c.PrevResult); err != nil {
+			return nil, err
 		}
 	}
 	if requirePrev && c.PrevResult == nil {
@@ -168,6 +171,31 @@ func (l *Lease) Classless4() []Route {
 // T1 and T2 are the renewal and rebinding times.
 func (l *Lease) T1() time.Duration { return l.Time / 2 }
 func (l *Lease) T2() time.Duration { return l.Time * 7 / 8 }
+
+// AdoptLegacyPrev makes a 0.1.0 or 0.2.0 prevResult usable by Leases.
+// Such a result names no interface (only "ip4" and "ip6"); its addresses
+// are those of the interface the runtime named, CNI_IFNAME, in the
+// sandbox, and AdoptLegacyPrev says so: it replaces conf.PrevResult with a
+// current result that lists ifName in sandbox and gives it every address.
+// Results of later versions are left alone.
+func AdoptLegacyPrev(conf *NetConf, ifName, sandbox string) error {
+	if conf.PrevResult == nil || !cni.LegacyResult(conf.CNIVersion) {
+		return nil
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "cannot convert prevResult: "+err.Error(), "")
+	}
+	if len(prev.Interfaces) > 0 {
+		return nil
+	}
+	prev.Interfaces = []*current.Interface{{Name: ifName, Sandbox: sandbox}}
+	for _, ip := range prev.IPs {
+		ip.Interface = current.Int(0)
+	}
+	conf.PrevResult = prev
+	return nil
+}
 
 // Leases picks from the main plugin's result every interface it made in
 // the sandbox that carries addresses, and what to serve on each. At most

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/skeinnet/skein/internal/cni"
 )
 
 const skeinPrev = `{"cniVersion":"1.0.0","interfaces":[{"name":"skabc","mac":"aa:00:00:00:00:01"},{"name":"eth0","mac":"02:11:22:33:44:55","sandbox":"/run/netns/p"}],
@@ -166,5 +169,81 @@ func TestHostnameFromArgs(t *testing.T) {
 		if got := HostnameFromArgs(in); got != want {
 			t.Errorf("%q: got %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestParseConfNetworkName: skein-vm refuses the network names skein
+// refuses (the name becomes part of store keys and kernel tags), with the
+// same validator, for every verb.
+func TestParseConfNetworkName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"n", true},
+		{"vm-net_1.a", true},
+		{strings.Repeat("a", 128), true},
+		{"a/b", false},
+		{"../x", false},
+		{"-lead", false},
+		{"has space", false},
+		{"tab\there", false},
+		{"a:b", false},
+		{"nul\x00", false},
+		{strings.Repeat("a", 129), false},
+	} {
+		name, _ := json.Marshal(c.name)
+		raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":%s,"type":"skein-vm","prevResult":%s}`, name, skeinPrev)
+		_, cniErr := cni.Parse([]byte(raw))
+		if (cniErr == nil) != c.ok {
+			t.Fatalf("test table disagrees with cni.Parse for %q: %v", c.name, cniErr)
+		}
+		for _, requirePrev := range []bool{true, false} {
+			_, err := ParseConf([]byte(raw), requirePrev)
+			switch e, _ := err.(*types.Error); {
+			case c.ok && err != nil:
+				t.Errorf("name %q (requirePrev %v): want it accepted as cni.Parse does, got %v", c.name, requirePrev, err)
+			case !c.ok && (e == nil || e.Code != types.ErrInvalidNetworkConfig):
+				t.Errorf("name %q (requirePrev %v): want code %d as cni.Parse gives, got %v", c.name, requirePrev, types.ErrInvalidNetworkConfig, err)
+			}
+		}
+	}
+}
+
+// TestLeasesFromLegacyPrev: a main plugin speaking 0.1.0 or 0.2.0 gives
+// {"ip4", "ip6", "dns"} and no interfaces; the addresses are CNI_IFNAME's,
+// and the VM is served them (the MAC is read from the veth at ADD).
+func TestLeasesFromLegacyPrev(t *testing.T) {
+	for _, v := range []string{"0.1.0", "0.2.0"} {
+		prev := `{"cniVersion":"` + v + `","ip4":{"ip":"10.64.0.5/32","gateway":"169.254.1.1","routes":[{"dst":"0.0.0.0/0","gw":"169.254.1.1"}]},
+"ip6":{"ip":"fd00:64::5/128","gateway":"fe80::1","routes":[{"dst":"::/0","gw":"fe80::1"}]},"dns":{"nameservers":["10.96.0.10"]}}`
+		c := conf(t, v, prev, "")
+		if err := AdoptLegacyPrev(c, "net1", "/run/netns/p"); err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		ls, err := Leases(c, "")
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		want := Lease{
+			IfName: "net1",
+			Addr4:  netip.MustParsePrefix("10.64.0.5/32"), Addr6: netip.MustParsePrefix("fd00:64::5/128"),
+			Gateway4: netip.MustParseAddr("169.254.1.1"), Gateway6: netip.MustParseAddr("fe80::1"),
+			Routes4: []Route{{Dst: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("169.254.1.1")}},
+			Routes6: []Route{{Dst: netip.MustParsePrefix("::/0"), Via: netip.MustParseAddr("fe80::1")}},
+			DNS4:    []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Time:    DefaultLease,
+		}
+		if len(ls) != 1 || fmt.Sprintf("%+v", ls[0]) != fmt.Sprintf("%+v", want) {
+			t.Errorf("%s: leases\n got  %+v\n want [%+v]", v, ls, want)
+		}
+	}
+	// A 1.0.0 result keeps its own interfaces.
+	c := conf(t, "1.0.0", skeinPrev, "")
+	if err := AdoptLegacyPrev(c, "net1", "/run/netns/p"); err != nil {
+		t.Fatal(err)
+	}
+	if ls, err := Leases(c, ""); err != nil || len(ls) != 1 || ls[0].IfName != "eth0" {
+		t.Errorf("a 1.0.0 prevResult should be left alone: %+v, %v", ls, err)
 	}
 }

@@ -22,7 +22,8 @@
 //
 // Files: conf.go (configuration, leases from a CNI result), dhcp4.go,
 // dhcp6.go and frame.go (pure protocol logic), plumb_linux.go and
-// nft_linux.go (the kernel), server_linux.go (DHCP serving),
+// nft_linux.go (the kernel), server_linux.go (DHCP serving) and
+// ratelimit.go (the bound on answers a guest can provoke),
 // fdserver_linux.go and token.go (tap handover), service.go (the gRPC
 // service, records, restore).
 package vm

@@ -7,12 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/skeinnet/skein/internal/unixsock"
 	"github.com/skeinnet/skein/internal/vm/handover"
 )
 
@@ -22,26 +22,16 @@ import (
 // so skeind holds no tap open and a VM that exits frees its tap for the
 // next one.
 type fdServer struct {
-	l    *net.UnixListener
+	l    *unixsock.Listener
 	open func(containerID, token string) ([]handover.Interface, []*os.File, error)
 	log  *slog.Logger
 	wg   sync.WaitGroup
 }
 
 func listenFD(path string, open func(string, string) ([]handover.Interface, []*os.File, error), log *slog.Logger) (*fdServer, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("VM socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale VM socket: %w", err)
-	}
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	l, err := unixsock.Listen("unixpacket", path) // mode 0600 from the start
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("chmod VM socket: %w", err)
+		return nil, fmt.Errorf("VM socket: %w", err)
 	}
 	s := &fdServer{l: l, open: open, log: log}
 	s.wg.Add(1)

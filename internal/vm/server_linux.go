@@ -17,6 +17,7 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv6"
+	"github.com/insomniacslk/dhcp/iana"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -55,11 +56,16 @@ type Server struct {
 	stats     Stats
 	// RAInterval is the period of unsolicited router advertisements.
 	raInterval time.Duration
+	// solicitedRA and badRequest bound the answers a guest can provoke
+	// (see ratelimit.go); used by the serving goroutine only.
+	solicitedRA, badRequest *bucket
 }
 
 // Stats counts what a Server did. Safe to read while it runs.
 type Stats struct {
 	Offers, Acks, Naks, Replies6, Adverts, Dropped, Malformed atomic.Int64
+	// Limited counts answers not sent because of a rate limit.
+	Limited atomic.Int64
 }
 
 // StartServer opens the socket in the pod namespace and starts serving
@@ -99,6 +105,7 @@ func StartServer(nsPath string, p Port, log *slog.Logger) (*Server, error) {
 	s := &Server{
 		lease: p.Lease, vmMAC: vmMAC, bridgeMAC: brMAC, ownLL: LinkLocal(brMAC), duid: ServerDUID(brMAC),
 		ifindex: ifindex, f: f, rc: rc, done: make(chan struct{}), raInterval: 200 * time.Second,
+		solicitedRA: newBucket(solicitedRALimit), badRequest: newBucket(badRequestLimit),
 		log: log.With("bridge", p.Bridge, "vm_mac", p.Lease.MAC),
 	}
 	s.wg.Add(1)
@@ -259,6 +266,10 @@ func (s *Server) handle(frame []byte, partialL4 bool) {
 	case f.Src.Is6() && f.Proto == protoUDP && f.DstPort == 547:
 		s.handle6(f)
 	case f.Src.Is6() && f.Proto == protoICMPv6 && f.Payload[0] == 133 && f.HopLimit == 255:
+		if !s.solicitedRA.allow(time.Now()) {
+			s.stats.Limited.Add(1)
+			return
+		}
 		dst := f.Src
 		if dst.IsUnspecified() {
 			dst = allNodes
@@ -290,6 +301,10 @@ func (s *Server) handle4(f Frame) {
 	case dhcpv4.MessageTypeAck:
 		s.stats.Acks.Add(1)
 	case dhcpv4.MessageTypeNak:
+		if !s.badRequest.allow(time.Now()) {
+			s.stats.Limited.Add(1)
+			return
+		}
 		s.stats.Naks.Add(1)
 		s.log.Info("dhcp: NAK", "why", rep.Msg.Message())
 	}
@@ -308,6 +323,10 @@ func (s *Server) handle6(f Frame) {
 	if rep == nil {
 		s.stats.Dropped.Add(1)
 		s.log.Debug("dhcpv6: no answer", "type", req.Type(), "why", why)
+		return
+	}
+	if st := rep.Options.Status(); st != nil && st.StatusCode != iana.StatusSuccess && !s.badRequest.allow(time.Now()) {
+		s.stats.Limited.Add(1)
 		return
 	}
 	s.stats.Replies6.Add(1)

@@ -20,7 +20,7 @@ import (
 
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/cni"
-	"github.com/skeinnet/skein/internal/daemon"
+	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/vm/handover"
@@ -56,15 +56,18 @@ type record struct {
 // skein-vm plugin calls, the DHCP servers, and the tap handover socket.
 type Service struct {
 	rpc.UnimplementedVMServer
-	d      *daemon.Daemon
+	d      Host
 	st     store.Store
 	log    *slog.Logger
 	tokens tokens
 	fd     *fdServer
 
-	locks   sync.Map // key string → *sync.Mutex
-	mu      sync.Mutex
-	servers map[string][]*Server
+	// locks serialises the verbs per attachment key; containers guards
+	// the token file of each container (see claimToken).
+	locks      keylock.Locks
+	containers keylock.Locks
+	mu         sync.Mutex
+	servers    map[string][]*Server
 }
 
 var _ rpc.VMServer = (*Service)(nil)
@@ -72,7 +75,7 @@ var _ rpc.VMServer = (*Service)(nil)
 // Register sets the VM front door up in d: it serves DHCP again for every
 // VM attachment the store remembers, listens on the handover socket and
 // registers the gRPC service. It stops with the daemon.
-func Register(ctx context.Context, d *daemon.Daemon, o Options) (*Service, error) {
+func Register(ctx context.Context, d Host, o Options) (*Service, error) {
 	if o.Socket == "" {
 		o.Socket = handover.DefaultSocket
 	}
@@ -137,12 +140,7 @@ func (s *Service) secret(ctx context.Context) ([]byte, error) {
 	return b, nil
 }
 
-func (s *Service) lock(key string) func() {
-	m, _ := s.locks.LoadOrStore(key, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
-}
+func (s *Service) lock(key string) func() { return s.locks.Lock(key) }
 
 func alias(k store.AttachmentKey) string {
 	a := AliasPrefix + k.Network + ":" + k.ContainerID + ":" + k.IfName
@@ -253,6 +251,9 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 	if err := validate(req, conf, true); err != nil {
 		return nil, err
 	}
+	if err := AdoptLegacyPrev(conf, req.Ifname, req.Netns); err != nil {
+		return nil, err
+	}
 	leases, err := Leases(conf, HostnameFromArgs(req.Args))
 	if err != nil {
 		return nil, err
@@ -296,6 +297,12 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 		}
 		if err := s.st.PutMeta(bg, metaKind, k.String(), nil); err != nil {
 			s.log.Error("undo VM record", "key", k, "err", err)
+			return
+		}
+		// A DEL of this container on another network may have kept the
+		// token because of this record: give it back if it was the last.
+		if err := s.releaseToken(bg, k.ContainerID); err != nil {
+			s.log.Warn("remove VM token", "container", k.ContainerID, "err", err)
 		}
 	}()
 	for i := range rec.Ports {
@@ -309,15 +316,16 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 		return nil, fmt.Errorf("record VM attachment: %w", err)
 	}
 
-	// 4. DHCP, 5. the launcher's token, 6. the result.
+	// 4. The result (nothing left to fail after the token), 5. DHCP,
+	// 6. the launcher's token.
+	out, err := buildResult(conf, rec)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.startServers(rec); err != nil {
 		return nil, err
 	}
-	if err := s.tokens.write(k.ContainerID); err != nil {
-		return nil, err
-	}
-	out, err := buildResult(conf, rec)
-	if err != nil {
+	if err := s.claimToken(k.ContainerID); err != nil {
 		return nil, err
 	}
 	s.log.Info("vm attached", "key", k, "ports", len(rec.Ports))
@@ -421,14 +429,41 @@ func (s *Service) detach(ctx context.Context, k store.AttachmentKey) error {
 	if err := s.st.PutMeta(ctx, metaKind, k.String(), nil); err != nil {
 		return fmt.Errorf("delete VM record: %w", err)
 	}
-	if err := s.dropTokenIfLast(ctx, k.ContainerID); err != nil {
+	if err := s.releaseToken(ctx, k.ContainerID); err != nil {
 		s.log.Warn("remove VM token", "container", k.ContainerID, "err", err)
 	}
 	s.log.Info("vm detached", "key", k)
 	return nil
 }
 
-func (s *Service) dropTokenIfLast(ctx context.Context, containerID string) error {
+// The token file of a container stands for all of its VM attachments, on
+// every network (the launcher asks for a container's taps, not a
+// network's). It must exist while any of them has a record, so the file
+// is owned by the records: ADD writes it once its record is stored, DEL
+// removes it when no record of the container is left.
+//
+// The attachment lock alone cannot make that safe: DEL of container C on
+// network A and ADD of C on network B hold different keys, and a DEL that
+// found no other record of C could remove the token an ADD on B wrote
+// after that look. So "look for records, then remove" and "write" run
+// under one lock per container. An ADD stores its record before it takes
+// that lock, hence either a DEL's look sees the record (and keeps the
+// file) or the ADD's write comes after the DEL's removal. Lock order:
+// attachment, then container.
+
+// claimToken writes the token of containerID; the caller's record of an
+// attachment of containerID is already stored.
+func (s *Service) claimToken(containerID string) error {
+	unlock := s.containers.Lock(containerID)
+	defer unlock()
+	return s.tokens.write(containerID)
+}
+
+// releaseToken removes the token of containerID unless a record of an
+// attachment of containerID is left; the caller's record is already gone.
+func (s *Service) releaseToken(ctx context.Context, containerID string) error {
+	unlock := s.containers.Lock(containerID)
+	defer unlock()
 	recs, err := s.records(ctx)
 	if err != nil {
 		return err
@@ -536,7 +571,7 @@ func (s *Service) restore(ctx context.Context) error {
 			if err := s.st.PutMeta(ctx, metaKind, r.Key.String(), nil); err != nil {
 				return err
 			}
-			_ = s.dropTokenIfLast(ctx, r.Key.ContainerID)
+			_ = s.releaseToken(ctx, r.Key.ContainerID)
 			dropped++
 			continue
 		}

@@ -8,6 +8,7 @@ pkgs+=(
   conmon            # podman's container monitor
   iptables          # portmap (iptables-nft; used only inside test namespaces)
   busybox-static    # the containers' userland (image built by the tests)
+  kmod              # modprobe: the bandwidth chain loads ifb without host devices
 )
 
 # post installs the upstream cnitool, pinned, into a cache outside the

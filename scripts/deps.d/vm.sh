@@ -1,13 +1,19 @@
 # VM front door (skein-vm): real DHCP clients, dnsmasq (the benchmark's
-# contender), qemu and a Debian kernel for the VM test.
-pkgs+=(
-  udhcpc            # busybox DHCP client
-  isc-dhcp-client   # dhclient
-  dhcpcd-base       # dhcpcd
-  dnsmasq-base      # DHCP benchmark contender: the binary only, no system service
-  qemu-system-x86   # the real VM, under TCG
-  busybox-static    # the VM's initramfs userland
-)
+# contender), qemu and a Debian kernel for the VM test. The demo (profile
+# "demo") needs qemu, the kernel, busybox and dhclient (the guest's DHCPv6
+# client) only.
+if [ "${profile:-all}" = demo ]; then
+  pkgs+=(qemu-system-x86 busybox-static isc-dhcp-client)
+else
+  pkgs+=(
+    udhcpc            # busybox DHCP client
+    isc-dhcp-client   # dhclient
+    dhcpcd-base       # dhcpcd
+    dnsmasq-base      # DHCP benchmark contender: the binary only, no system service
+    qemu-system-x86   # the real VM, under TCG
+    busybox-static    # the VM's initramfs userland
+  )
+fi
 
 # post downloads the Debian kernel that linux-image-amd64 points at and
 # extracts it under SKEIN_KERNEL_CACHE (default /var/cache/skein/kernel),
@@ -37,7 +43,9 @@ post() {
   mkdir -p "$cache"
   local tmp
   tmp=$(mktemp -d "$cache/.dl.XXXXXX")
-  chmod 0755 "$tmp" # apt-get download drops privileges to _apt
+  # apt-get download drops privileges to _apt, which must be able to write
+  # there (else it warns and downloads as root).
+  chown _apt "$tmp" 2>/dev/null || chmod 0777 "$tmp"
   (cd "$tmp" && apt-get download -qq "$pkg" >/dev/null) || { rm -rf "$tmp"; return 1; }
   rm -rf "${cache:?}/$ver"
   mkdir -p "$cache/$ver"

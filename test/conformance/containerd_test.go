@@ -64,7 +64,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 			_ = cmd.Process.Kill()
 			<-done
 		}
-		unmountUnder(dir)
+		harness.UnmountUnder(dir)
 		if t.Failed() {
 			b, _ := os.ReadFile(log.Name())
 			t.Logf("containerd log:\n%s", b)
@@ -88,17 +88,17 @@ func TestContainerd(t *testing.T) {
 	e := newEnv(t)
 	c := startContainerd(t)
 	rootfs := t.TempDir()
-	busyboxRootfs(t, rootfs)
+	skeintest.BusyboxRootfs(t, rootfs)
 
 	ns := harness.NewNS(t, "pod")
 	l := e.list(t, "ctrd", "1.1.0")
-	rt := skeintest.RT("ctrd-"+suffix(), ns.Path(), "eth0")
+	rt := skeintest.RT("ctrd-"+harness.RandHex(4), ns.Path(), "eth0")
 	res := e.mustAdd(t, l, rt)
 	addrs := addrsOf(res, "eth0")
 	if len(addrs) == 0 {
 		t.Fatalf("no eth0 address in the result: %v", res)
 	}
-	id := "skein-" + suffix()
+	id := "skein-" + harness.RandHex(4)
 	out, err := runErr(nil, c.ctr, "--address", c.sock, "-n", "skein-conformance", "run", "--rm", "--rootfs", "--fifo-dir", t.TempDir(),
 		"--with-ns", "network:"+ns.Path(), rootfs, id,
 		"/bin/sh", "-c", "ip -o addr show eth0; ip route; ping -c1 -W2 "+nodeAddr.String()+" >/dev/null && echo node-reachable")

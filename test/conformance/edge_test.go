@@ -50,7 +50,7 @@ func TestDel(t *testing.T) {
 	conf := map[string]any{"cniVersion": "1.1.0", "name": "del"}
 
 	t.Run("netns gone", func(t *testing.T) {
-		path := filepath.Join(harness.NetNSDir, "conf-gone-"+suffix())
+		path := filepath.Join(harness.NetNSDir, harness.NamePrefix+"conf-gone-"+harness.RandHex(4))
 		if err := netns.Create(path); err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +173,7 @@ func TestCheckDetects(t *testing.T) {
 	} {
 		t.Run(c.what, func(t *testing.T) {
 			ns := harness.NewNS(t, "pod")
-			rt := skeintest.RT("chk"+suffix(), ns.Path(), "eth0")
+			rt := skeintest.RT("chk"+harness.RandHex(4), ns.Path(), "eth0")
 			res := e.mustAdd(t, l, rt)
 			if err := e.cni.CheckNetworkList(cctx(t), l, rt); err != nil {
 				t.Fatalf("CHECK right after ADD: expected success, got: %v", err)
@@ -234,10 +234,10 @@ func TestAddTwice(t *testing.T) {
 	ns := harness.NewNS(t, "pod")
 	rt := skeintest.RT("same", ns.Path(), "eth0")
 	e.mustAdd(t, l, rt)
-	node, pod, atts, used := nodeState(t, e.d.Node), harness.Snapshot(t, ns), keysAddrs(e.d.Attachments(t)), e.used(t)
+	node, pod, atts, used := nodeState(t, e.d), harness.Snapshot(t, ns), keysAddrs(e.d.Attachments(t)), e.used(t)
 	_, err := e.cni.AddNetworkList(cctx(t), l, rt)
 	wantCode(t, "second ADD of the same key", "an ADD for an existing attachment is an error (skein: 102, attachment exists)", err, 102)
-	harness.AssertSame(t, node, nodeState(t, e.d.Node))
+	harness.AssertSame(t, node, nodeState(t, e.d))
 	harness.AssertSame(t, pod, harness.Snapshot(t, ns))
 	if got := keysAddrs(e.d.Attachments(t)); !slices.Equal(got, atts) {
 		violation(t, "a refused ADD changes nothing", "attachments were %v, are %v", atts, got)

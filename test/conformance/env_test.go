@@ -1,12 +1,8 @@
 package conformance
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -25,16 +21,25 @@ import (
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
-// versions are the spec versions skein accepts.
-var versions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+// versions are the spec versions skein accepts: every one the spec had.
+var versions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// noVersion stands for a configuration without "cniVersion", which the
+// spec and libcni read as 0.1.0.
+const noVersion = "none"
+
+// resultVersion is the version of the result a configuration of version v
+// gets.
+func resultVersion(v string) string {
+	if v == noVersion {
+		return "0.1.0"
+	}
+	return v
+}
 
 // refMaxVersion is the newest spec version Debian's reference plugins
 // (containernetworking-plugins 1.1.1) accept.
 const refMaxVersion = "1.0.0"
-
-// exportTable is skeind's default export table; a claimed block keeps its
-// blackhole route there after its last address is released.
-const exportTable = 119
 
 var (
 	gw4 = netip.MustParseAddr("169.254.1.1")
@@ -62,25 +67,21 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	harness.RequireRoot(t)
 	d := skeintest.StartDaemon(t, skeintest.Options{})
-	if _, err := d.Node.Exec(t, "ip", "addr", "add", nodeAddr.String()+"/32", "dev", "lo"); err != nil {
-		t.Fatalf("node address: %v", err)
-	}
-	return &env{d: d, cni: d.CNI(), base: nodeState(t, d.Node)}
+	d.Node.AddAddr(t, "lo", netip.PrefixFrom(nodeAddr, 32))
+	return &env{d: d, cni: d.CNI(), base: nodeState(t, d)}
 }
 
-// nodeState snapshots a node namespace without the export table.
-func nodeState(t testing.TB, node *harness.NS) harness.State {
+// nodeState snapshots a node namespace, its export table checked against
+// the blocks skeind owns (skeintest.Daemon.NodeState).
+func nodeState(t testing.TB, d *skeintest.Daemon) harness.State {
 	t.Helper()
-	st := harness.Snapshot(t, node)
-	prefix := fmt.Sprintf("table %d ", exportTable)
-	st.Routes = slices.DeleteFunc(st.Routes, func(r string) bool { return strings.HasPrefix(r, prefix) })
-	return st
+	return d.NodeState(t)
 }
 
 // assertClean: the node is as it was at start and skeind holds nothing.
 func (e *env) assertClean(t *testing.T, after string) {
 	t.Helper()
-	harness.AssertSame(t, e.base, nodeState(t, e.d.Node))
+	harness.AssertSame(t, e.base, nodeState(t, e.d))
 	if atts := e.d.Attachments(t); len(atts) != 0 {
 		violation(t, "DEL (and GC) release everything ADD created",
 			"after %s skeind still holds %d attachment(s): %s", after, len(atts), keys(atts))
@@ -96,10 +97,23 @@ func keys(atts []*rpc.Attachment) string {
 	return strings.Join(s, ", ")
 }
 
+// list is a conflist of skein and extra in version (noVersion: without
+// cniVersion).
 func (e *env) list(t testing.TB, name, version string, extra ...skeintest.Plugin) *libcni.NetworkConfigList {
 	t.Helper()
-	plugins := []skeintest.Plugin{e.d.SkeinPlugin(nil)}
-	return skeintest.ConfList(t, name, version, append(plugins, extra...)...)
+	plugins := append([]skeintest.Plugin{e.d.SkeinPlugin(nil)}, extra...)
+	if version != noVersion {
+		return skeintest.ConfList(t, name, version, plugins...)
+	}
+	b, err := json.Marshal(map[string]any{"name": name, "plugins": plugins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		t.Fatalf("conflist without cniVersion: %v", err)
+	}
+	return l
 }
 
 func cctx(t testing.TB) context.Context {
@@ -128,35 +142,28 @@ func (e *env) exec(t testing.TB, c call) ([]byte, *types.Error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(e.d.BinDir, "skein"))
-	cmd.Env = []string{
+	r, err := skeintest.ExecPlugin(filepath.Join(e.d.BinDir, "skein"), []string{
 		"PATH=" + os.Getenv("PATH"),
 		"CNI_COMMAND=" + c.cmd, "CNI_CONTAINERID=" + c.id, "CNI_NETNS=" + c.netns,
 		"CNI_IFNAME=" + c.ifname, "CNI_ARGS=" + c.args, "CNI_PATH=" + e.d.BinDir,
+	}, stdin)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	runErr := cmd.Run()
-	var exit *exec.ExitError
-	if runErr != nil && !errors.As(runErr, &exit) {
-		t.Fatalf("run skein: %v", runErr)
+	if r.Exit == 0 {
+		return r.Stdout, nil
 	}
-	if runErr == nil {
-		return out.Bytes(), nil
-	}
-	var se types.Error
-	if err := json.Unmarshal(out.Bytes(), &se); err != nil || se.Code == 0 || se.Msg == "" {
+	if r.SpecErr == nil || r.SpecErr.Msg == "" {
 		violation(t, "a failing plugin prints {cniVersion, code, msg[, details]} on stdout and exits non-zero",
-			"%s exited %d with stdout %q, stderr %q", c.cmd, exit.ExitCode(), out.String(), errOut.String())
-		return out.Bytes(), &types.Error{Code: 0, Msg: "no spec error"}
+			"%s exited %d with stdout %q, stderr %q", c.cmd, r.Exit, r.Stdout, r.Stderr)
+		return r.Stdout, &types.Error{Code: 0, Msg: "no spec error"}
 	}
 	var raw map[string]any
-	_ = json.Unmarshal(out.Bytes(), &raw)
+	_ = json.Unmarshal(r.Stdout, &raw)
 	if _, ok := raw["cniVersion"]; !ok {
-		violation(t, "the error result carries cniVersion", "%s printed %s", c.cmd, out.String())
+		violation(t, "the error result carries cniVersion", "%s printed %s", c.cmd, r.Stdout)
 	}
-	return out.Bytes(), &se
+	return r.Stdout, r.SpecErr
 }
 
 // wantCode checks that err is a spec error with code.
@@ -188,15 +195,9 @@ func reach(t testing.TB, from *harness.NS, what string, addrs ...netip.Addr) {
 	}
 }
 
-// suffix makes names unique to one run (networks, containers).
-func suffix() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // tool finds an external program or skips: the suite drives clients other
-// people wrote, and `make deps` installs them.
+// people wrote, and `make deps` installs them (cnitool in a cache of its
+// own).
 func tool(t testing.TB, name string) string {
 	t.Helper()
 	if name == "cnitool" {
@@ -208,11 +209,7 @@ func tool(t testing.TB, name string) string {
 			}
 		}
 	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("skipping: %s is not installed (make deps installs it)", name)
-	}
-	return p
+	return skeintest.RequireTool(t, name)
 }
 
 // run runs a command and returns its combined output, failing on error.

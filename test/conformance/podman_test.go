@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // podman runs the real podman with its CNI backend, all of its state in a
@@ -51,7 +53,7 @@ func newPodman(t *testing.T, e *env, network string) *podman {
 	}
 	t.Cleanup(func() {
 		_, _ = p.cmd(nil, "rm", "-a", "-f", "-t", "0")
-		unmountUnder(p.dir)
+		harness.UnmountUnder(p.dir)
 		files, _ := filepath.Glob(filepath.Join(cniResultsDir, network+"-*"))
 		for _, f := range files {
 			os.Remove(f)
@@ -85,10 +87,10 @@ func (p *podman) must(t *testing.T, args ...string) string {
 // own network never changes.
 func TestPodman(t *testing.T) {
 	e := newEnv(t)
-	network := "skein-pm-" + suffix()
+	network := "skein-pm-" + harness.RandHex(4)
 	p := newPodman(t, e, network)
-	host := hostState(t)
-	if out, err := p.cmd(busyboxTar(t), "import", "--change", "ENV PATH=/bin", "-", "skein/busybox"); err != nil {
+	host := harness.HostNet(t)
+	if out, err := p.cmd(skeintest.BusyboxTar(t), "import", "--change", "ENV PATH=/bin", "-", "skein/busybox"); err != nil {
 		t.Fatalf("podman import: %v\n%s", err, out)
 	}
 	if out := p.must(t, "network", "ls", "--format", "{{.Name}}"); !strings.Contains(out, network) {
@@ -137,7 +139,7 @@ func TestPodman(t *testing.T) {
 			t.Errorf("container %s should reach %s: %v\n%s", x.from, x.to, err, out)
 		}
 	}
-	assertHostSame(t, host, "while podman containers run on skein")
+	harness.AssertHostSame(t, host, "while podman containers run on skein")
 
 	p.must(t, "rm", "-f", "-t", "0", ctrs[0].name, ctrs[1].name)
 	e.assertClean(t, "podman rm")
@@ -150,5 +152,5 @@ func TestPodman(t *testing.T) {
 		t.Errorf("podman's CNI result cache still holds %v after rm", left)
 	}
 	time.Sleep(100 * time.Millisecond) // let conmon exit before the host is compared
-	assertHostSame(t, host, "after podman rm")
+	harness.AssertHostSame(t, host, "after podman rm")
 }

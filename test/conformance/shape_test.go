@@ -12,9 +12,13 @@ import (
 )
 
 // The result's field names per spec version (SPEC.md "Success" of each
-// release): 0.3.0–0.4.0 give every IP a "version"; 1.0.0 removed it; 1.1.0
-// added interface mtu/socketPath/pciID and route mtu/advmss/priority/table/scope.
+// release): 0.1.0 and 0.2.0 have "ip4" and "ip6" (one address each, with
+// its routes) and no interfaces; 0.3.0–0.4.0 give every IP a "version";
+// 1.0.0 removed it; 1.1.0 added interface mtu/socketPath/pciID and route
+// mtu/advmss/priority/table/scope.
 var (
+	topFields02 = []string{"cniVersion", "ip4", "ip6", "dns"}
+	ipFields02  = []string{"ip", "gateway", "routes"}
 	topFields   = []string{"cniVersion", "interfaces", "ips", "routes", "dns"}
 	ifFields    = []string{"name", "mac", "sandbox"}
 	ifFields110 = []string{"name", "mac", "sandbox", "mtu", "socketPath", "pciID"}
@@ -34,12 +38,15 @@ func shapeProblems(raw []byte, v, ifName, sandbox string) []string {
 	if err := json.Unmarshal(raw, &top); err != nil {
 		return []string{fmt.Sprintf("result is not a JSON object: %v", err)}
 	}
-	unknown(add, "result", top, topFields)
 	var ver string
 	_ = json.Unmarshal(top["cniVersion"], &ver)
 	if ver != v {
 		add("cniVersion is %q, the configuration asked for %q", ver, v)
 	}
+	if v < "0.3.0" {
+		return append(p, shapeProblems02(top)...)
+	}
+	unknown(add, "result", top, topFields)
 	old := v < "1.0.0"
 	ifAllowed, rtAllowed, ipAllowed := ifFields, rtFields, ipFields10
 	if v >= "1.1.0" {
@@ -145,6 +152,56 @@ func shapeProblems(raw []byte, v, ifName, sandbox string) []string {
 	return p
 }
 
+// shapeProblems02 checks a 0.1.0/0.2.0 result: "ip4" and "ip6", each an
+// address of its family in CIDR notation with an optional gateway of the
+// same family and routes; at least one of them.
+func shapeProblems02(top map[string]json.RawMessage) []string {
+	var p []string
+	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	unknown(add, "result", top, topFields02)
+	if top["ip4"] == nil && top["ip6"] == nil {
+		add("neither ip4 nor ip6 (0.2.0 requires at least one)")
+	}
+	for _, fam := range []string{"ip4", "ip6"} {
+		if top[fam] == nil {
+			continue
+		}
+		var ipc map[string]json.RawMessage
+		if err := json.Unmarshal(top[fam], &ipc); err != nil {
+			add("%s is not an object: %s", fam, top[fam])
+			continue
+		}
+		unknown(add, fam, ipc, ipFields02)
+		var ip, gw string
+		_ = json.Unmarshal(ipc["ip"], &ip)
+		_ = json.Unmarshal(ipc["gateway"], &gw)
+		pfx, err := netip.ParsePrefix(ip)
+		if err != nil {
+			add("%s.ip %q is not CIDR notation", fam, ip)
+			continue
+		}
+		if pfx.Addr().Is4() != (fam == "ip4") {
+			add("%s.ip %s is of the other family", fam, ip)
+		}
+		if gw != "" {
+			if g, err := netip.ParseAddr(gw); err != nil || g.Is4() != pfx.Addr().Is4() {
+				add("%s.gateway %q is not an address of the family of %s", fam, gw, ip)
+			}
+		}
+		var routes []map[string]json.RawMessage
+		_ = json.Unmarshal(ipc["routes"], &routes)
+		for i, r := range routes {
+			unknown(add, fmt.Sprintf("%s.routes[%d]", fam, i), r, rtFields)
+			var dst string
+			_ = json.Unmarshal(r["dst"], &dst)
+			if d, err := netip.ParsePrefix(dst); err != nil || d.Addr().Is4() != (fam == "ip4") {
+				add("%s.routes[%d].dst %q is not CIDR notation of the family", fam, i, dst)
+			}
+		}
+	}
+	return p
+}
+
 func unknown(add func(string, ...any), where string, obj map[string]json.RawMessage, allowed []string) {
 	var extra []string
 	for k := range obj {
@@ -164,10 +221,17 @@ func TestShapeChecker(t *testing.T) {
 	  "ips":[{"version":"4","interface":1,"address":"10.0.0.2/32","gateway":"169.254.1.1"}],"routes":[{"dst":"0.0.0.0/0","gw":"169.254.1.1"}],"dns":{}}`
 	ok10 := `{"cniVersion":"1.0.0","interfaces":[{"name":"skh"},{"name":"eth0","sandbox":"/n"}],
 	  "ips":[{"interface":1,"address":"fd00::2/128","gateway":"fe80::1"}],"routes":[{"dst":"::/0","gw":"fe80::1"}]}`
+	ok02 := `{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/32","gateway":"169.254.1.1","routes":[{"dst":"0.0.0.0/0","gw":"169.254.1.1"}]},
+	  "ip6":{"ip":"fd00::2/128","gateway":"fe80::1","routes":[{"dst":"::/0","gw":"fe80::1"}]},"dns":{}}`
 	for _, c := range []struct {
 		name, raw, v string
 		want         string // substring of a problem; "" = no problem
 	}{
+		{"0.2.0 ok", ok02, "0.2.0", ""},
+		{"0.1.0 ok", strings.Replace(ok02, `"0.2.0"`, `"0.1.0"`, 1), "0.1.0", ""},
+		{"0.2.0 with interfaces", ok04, "0.2.0", "[interfaces ips routes]"},
+		{"0.2.0 without addresses", `{"cniVersion":"0.2.0","dns":{}}`, "0.2.0", "neither ip4 nor ip6"},
+		{"0.2.0 ip4 holding IPv6", strings.Replace(ok02, "10.0.0.2/32", "fd00::9/128", 1), "0.2.0", "other family"},
 		{"0.4.0 ok", ok04, "0.4.0", ""},
 		{"1.0.0 ok", ok10, "1.0.0", ""},
 		{"wrong version", ok04, "0.3.1", `cniVersion is "0.4.0"`},

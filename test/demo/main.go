@@ -1,38 +1,38 @@
-// Command demo is `make demo`: it starts skeind for a throwaway "node"
-// namespace, attaches three "pods" (namespaces) through the real skein CNI
-// binary driven by libcni, prints what they got, proves reachability with
-// ping in both families, then detaches and removes everything.
+// Command demo is `make demo`: skein's reason to exist in one run. On one
+// dual-stack pool, served by one skeind for a throwaway "node" namespace,
+// it attaches
 //
-// Usage (as root): demo -bin DIR   (DIR holds skein and skeind)
+//   - two Kubernetes-style pods through the skein CNI binary, driven by
+//     libcni as containerd and CRI-O drive it;
+//   - a Docker container, through a real dockerd started inside the node
+//     namespace (its own data and exec roots) and skein's Docker network
+//     and IPAM driver;
+//   - a VM: skein then skein-vm chained through libcni, and qemu (TCG, the
+//     Debian kernel `make test` caches) started by skein-vmwrapper with the
+//     tap skeind hands over; the guest takes its leases from skeind's DHCP
+//     server. Without a cached kernel or qemu, the VM stand-in the tests
+//     use (DHCP clients in a namespace bridged next to the tap) takes its
+//     place, and the demo says so.
+//
+// It prints a table of the four (kind, name, addresses, host link) and a
+// ping matrix, every one to every other in both families, then removes
+// everything, also on failure or Ctrl-C, and checks that the host is as it
+// was. What it cannot run (no Docker, no qemu) it skips and says why.
+//
+// Usage (as root): demo -bin DIR [-vm auto|qemu|standin]
 package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
+	"os/signal"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
-
-	"github.com/containernetworking/cni/libcni"
-	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/vishvananda/netlink"
-
-	"github.com/skeinnet/skein/internal/netns"
 )
-
-// The node's own addresses, on its loopback, inside the demo's namespace
-// only (documentation ranges).
-var nodeAddrs = []netip.Prefix{netip.MustParsePrefix("192.0.2.10/32"), netip.MustParsePrefix("2001:db8::10/128")}
 
 // cleanup runs undo steps in reverse; failed counts the ones that failed.
 type cleanup struct {
@@ -51,252 +51,118 @@ func (c *cleanup) run() {
 }
 
 func main() {
-	bin := flag.String("bin", "bin", "directory holding the skein and skeind binaries")
+	bin := flag.String("bin", "bin", "directory holding the skein binaries (make build)")
+	vmMode := flag.String("vm", "auto", "the VM: qemu (a real guest), standin (a namespace with DHCP clients), or auto (qemu when it and a cached kernel are there)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "demo: run as root (it creates network namespaces)")
 		os.Exit(1)
 	}
+	if m := *vmMode; m != "auto" && m != "qemu" && m != "standin" {
+		fmt.Fprintf(os.Stderr, "demo: -vm %q: want auto, qemu or standin\n", m)
+		os.Exit(2)
+	}
+	// Ctrl-C cancels the run; cleanup still runs in full (further
+	// signals are caught until it is done). Every process the demo starts
+	// has a process group of its own, so the terminal's SIGINT does not
+	// kill skeind or dockerd before they have undone their work.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	start := time.Now()
+	before, err := snapshotHost()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+	d := &demo{bin: *bin, vmMode: *vmMode}
 	var c cleanup
-	err := run(*bin, &c)
+	err = d.run(ctx, &c)
+	if ctx.Err() != nil {
+		err = errors.New("interrupted")
+	}
 	fmt.Println("\n== cleaning up")
 	c.run()
-	if err == nil && c.failed > 0 {
-		err = fmt.Errorf("%d cleanup step(s) failed", c.failed)
+	stop()
+	if c.failed > 0 {
+		err = errors.Join(err, fmt.Errorf("%d cleanup step(s) failed", c.failed))
 	}
-	if err == nil {
-		err = verifyGone()
+	err = errors.Join(err, d.checkHost(before))
+	for _, s := range d.skipped {
+		fmt.Println("   skipped:", s)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo: FAILED:", err)
 		os.Exit(1)
 	}
-	fmt.Println("== done: no namespace, link, route, rule or file left behind")
+	skipped := ""
+	if n := len(d.skipped); n > 0 {
+		skipped = fmt.Sprintf(" (%d part(s) skipped, see above)", n)
+	}
+	fmt.Printf("== done in %v%s: the host is as it was (namespaces, links, addresses, routes, rules, nftables, mounts, files; no process left)\n",
+		time.Since(start).Round(100*time.Millisecond), skipped)
 }
 
-var created []string // namespace paths, for verifyGone
-
-func newNS(c *cleanup, name string) (string, error) {
-	var r [3]byte
-	_, _ = rand.Read(r[:])
-	p := filepath.Join("/run/netns", "skein-demo-"+name+"-"+hex.EncodeToString(r[:]))
-	if err := os.MkdirAll("/run/netns", 0o755); err != nil {
-		return "", err
-	}
-	if err := netns.Create(p); err != nil {
-		return "", err
-	}
-	created = append(created, p)
-	c.add(func() error { return netns.Remove(p) })
-	h, closeH, err := netns.Handle(p)
-	if err != nil {
-		return p, err
-	}
-	defer closeH()
-	lo, err := h.LinkByName("lo")
-	if err == nil {
-		err = h.LinkSetUp(lo)
-	}
-	return p, err
-}
-
-func run(bin string, c *cleanup) error {
-	bin, _ = filepath.Abs(bin)
-	dir, err := os.MkdirTemp("", "skein-demo-")
+// checkHost compares the host with its state before the demo and looks
+// for processes the demo started that outlived it.
+//
+// Where the demo shares a place with other programs — /run/netns,
+// /run/docker/plugins, the temporary directory — everything it makes
+// carries its name; a difference there that does not is another
+// program's (a test suite running at the same time) and is only shown.
+// Any other difference fails the demo.
+func (d *demo) checkHost(before hostState) error {
+	after, err := snapshotHost()
 	if err != nil {
 		return err
 	}
-	created = append(created, dir)
-	c.add(func() error { return os.RemoveAll(dir) })
-
-	fmt.Println("== creating a node namespace and starting skeind on it")
-	node, err := newNS(c, "node")
-	if err != nil {
-		return err
-	}
-	if err := nodeAddresses(node); err != nil {
-		return err
-	}
-	sock := filepath.Join(dir, "skeind.sock")
-	d := exec.Command(filepath.Join(bin, "skeind"), "--node-netns", node, "--state-dir", filepath.Join(dir, "state"),
-		"--socket", sock, "--metrics-addr", "off", "--docker-socket", "off", "--default-pool", "10.64.0.0/16,fd00:64::/112", "--node", "demo-node")
-	logf, err := os.Create(filepath.Join(dir, "skeind.log"))
-	if err != nil {
-		return err
-	}
-	d.Stdout, d.Stderr = logf, logf
-	if err := d.Start(); err != nil {
-		return fmt.Errorf("start skeind: %w", err)
-	}
-	c.add(func() error {
-		d.Process.Signal(syscall.SIGTERM)
-		err := d.Wait()
-		logf.Close()
-		if err != nil {
-			return fmt.Errorf("skeind: %v", err)
-		}
-		return nil
-	})
-	c.add(func() error { return nodeClean(node) })
-	if err := waitSocket(sock); err != nil {
-		return err
-	}
-	fmt.Printf("   skeind is serving on %s (state in %s)\n", sock, dir)
-
-	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "demo", "plugins": []any{
-		map[string]any{"type": "skein", "socket": sock},
-	}})
-	list, err := libcni.ConfListFromBytes(conf)
-	if err != nil {
-		return err
-	}
-	cni := libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cni-cache"), nil)
-	ctx := context.Background()
-
-	fmt.Println("== attaching three pods through the skein CNI binary (libcni, as containerd does)")
-	type pod struct {
-		name, ns string
-		res      *current.Result
-	}
-	var pods []*pod
-	for i := 1; i <= 3; i++ {
-		p := &pod{name: fmt.Sprintf("pod%d", i)}
-		if p.ns, err = newNS(c, p.name); err != nil {
-			return err
-		}
-		rt := &libcni.RuntimeConf{ContainerID: "demo-" + p.name, NetNS: p.ns, IfName: "eth0"}
-		start := time.Now()
-		r, err := cni.AddNetworkList(ctx, list, rt)
-		if err != nil {
-			return fmt.Errorf("ADD %s: %w", p.name, err)
-		}
-		took := time.Since(start)
-		c.add(func() error {
-			if err := cni.DelNetworkList(ctx, list, rt); err != nil {
-				return fmt.Errorf("DEL %s: %w", p.name, err)
-			}
-			fmt.Printf("   DEL %s ok\n", p.name)
-			return nil
-		})
-		if p.res, err = current.NewResultFromResult(r); err != nil {
-			return err
-		}
-		fmt.Printf("   ADD %s ok in %v\n", p.name, took.Round(100*time.Microsecond))
-		pods = append(pods, p)
-	}
-
-	fmt.Println()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "POD\tINTERFACE\tIPV4\tIPV6\tHOST LINK\tPOOL")
-	addrOf := func(r *current.Result, v6 bool) netip.Addr {
-		for _, ip := range r.IPs {
-			a, _ := netip.AddrFromSlice(ip.Address.IP)
-			if a = a.Unmap(); a.Is6() == v6 {
-				return a
+	var errs []error
+	gone, added := before.diff(after)
+	var mine, others []string
+	for _, l := range [][]string{gone, added} {
+		var m, o []string
+		for _, s := range l {
+			if d.foreign(s) {
+				o = append(o, s)
+			} else {
+				m = append(m, s)
 			}
 		}
-		return netip.Addr{}
+		mine, others = append(mine, strings.Join(m, "\n         ")), append(others, strings.Join(o, "\n         "))
 	}
-	for _, p := range pods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.name, p.res.Interfaces[1].Name, addrOf(p.res, false), addrOf(p.res, true), p.res.Interfaces[0].Name, "default")
+	if mine[0]+mine[1] != "" {
+		errs = append(errs, fmt.Errorf("the host changed:\n  gone:  %s\n  added: %s", mine[0], mine[1]))
 	}
-	tw.Flush()
-
-	fmt.Println("\n== reachability (ping)")
-	for i, from := range pods {
-		to := pods[(i+1)%len(pods)]
-		for _, v6 := range []bool{false, true} {
-			if err := ping(from.ns, addrOf(to.res, v6)); err != nil {
-				return fmt.Errorf("%s -> %s: %w", from.name, to.name, err)
-			}
-			fmt.Printf("   %s -> %s (%s) ok\n", from.name, to.name, addrOf(to.res, v6))
+	if others[0]+others[1] != "" {
+		fmt.Printf("   note: other programs changed the host meanwhile (nothing of the demo's):\n     gone:  %s\n     added: %s\n",
+			strings.ReplaceAll(others[0], "\n         ", "\n            "), strings.ReplaceAll(others[1], "\n         ", "\n            "))
+	}
+	if d.dir != "" {
+		if left := leftoverProcesses(d.dir); len(left) > 0 {
+			errs = append(errs, fmt.Errorf("processes left running:\n  %s", strings.Join(left, "\n  ")))
 		}
 	}
-	for _, na := range nodeAddrs {
-		if err := ping(pods[0].ns, na.Addr()); err != nil {
-			return fmt.Errorf("pod1 -> node: %w", err)
-		}
-		fmt.Printf("   pod1 -> node (%s) ok\n", na.Addr())
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
-func nodeAddresses(node string) error {
-	h, closeH, err := netns.Handle(node)
-	if err != nil {
-		return err
+// foreign reports whether a line of hostState names something in a
+// shared place that is not the demo's.
+func (d *demo) foreign(line string) bool {
+	f := strings.Fields(line)
+	if len(f) < 2 || (f[0] != "path" && f[0] != "mount") {
+		return false
 	}
-	defer closeH()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return err
+	p := f[1]
+	under := func(dir string) (string, bool) {
+		rest, ok := strings.CutPrefix(p, dir+"/")
+		return rest, ok && rest != ""
 	}
-	for _, p := range nodeAddrs {
-		pr := netlink.NewIPNet(p.Addr().AsSlice())
-		if err := h.AddrAdd(lo, &netlink.Addr{IPNet: pr}); err != nil {
-			return fmt.Errorf("node address %v: %w", p, err)
-		}
+	if rest, ok := under("/run/netns"); ok {
+		return !strings.HasPrefix(rest, "skein-demo-")
 	}
-	return nil
-}
-
-// nodeClean checks that DEL left no link and no pod route in the node.
-func nodeClean(node string) error {
-	h, closeH, err := netns.Handle(node)
-	if err != nil {
-		return err
+	if rest, ok := under(pluginDir); ok {
+		return d.plugin == "" || rest != d.plugin+".sock"
 	}
-	defer closeH()
-	links, err := h.LinkList()
-	if err != nil {
-		return err
+	if _, ok := under(strings.TrimSuffix(os.TempDir(), "/")); ok {
+		return d.dir == "" || (p != d.dir && !strings.HasPrefix(p, d.dir+"/"))
 	}
-	for _, l := range links {
-		if l.Attrs().Name != "lo" {
-			return fmt.Errorf("link %s left in the node namespace", l.Attrs().Name)
-		}
-	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: 116}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return err
-	}
-	if len(routes) > 0 {
-		return fmt.Errorf("%d pod route(s) left in table 116", len(routes))
-	}
-	fmt.Println("   node namespace: no skein link or pod route left")
-	return nil
-}
-
-func waitSocket(sock string) error {
-	for i := 0; i < 500; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return errors.New("skeind did not create its socket within 5s")
-}
-
-func ping(from string, to netip.Addr) error {
-	args := []string{"-c", "1", "-W", "2", to.String()}
-	if to.Is6() {
-		args = append([]string{"-6"}, args...)
-	}
-	return netns.Do(from, func() error {
-		out, err := exec.Command("ping", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ping %s: %v: %s", to, err, strings.TrimSpace(string(out)))
-		}
-		return nil
-	})
-}
-
-// verifyGone checks that every namespace and directory the demo made is gone.
-func verifyGone() error {
-	for _, p := range created {
-		if _, err := os.Stat(p); err == nil {
-			return fmt.Errorf("%s is still there", p)
-		}
-	}
-	return nil
+	return false
 }

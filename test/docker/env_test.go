@@ -1,27 +1,19 @@
 package docker_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/test/harness"
@@ -65,20 +57,9 @@ func dockerCLI() string {
 func requireDocker(t testing.TB) {
 	t.Helper()
 	harness.RequireRoot(t)
-	for _, b := range []string{"dockerd", dockerCLI(), "containerd", "runc"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("skipping: %s not installed (scripts/deps.d/docker.sh installs docker.io)", b)
-		}
+	for _, b := range []string{"dockerd", dockerCLI(), "containerd", "runc", skeintest.Busybox} {
+		skeintest.RequireTool(t, b)
 	}
-	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("skipping: /bin/busybox missing (apt-get install busybox-static)")
-	}
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // newEnv starts skeind (with the Docker plugin under a unique name) and a
@@ -87,15 +68,11 @@ func randHex(n int) string {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	requireDocker(t)
-	hostBefore := hostState(t)
-	t.Cleanup(func() { assertHostSame(t, hostBefore, hostState(t)) })
+	hostBefore := harness.HostNet(t)
+	t.Cleanup(func() { harness.AssertHostSame(t, hostBefore, "after the test") })
 
-	e := &env{node: harness.NewNS(t, "dknode"), driver: "skein-" + randHex(4)}
-	h := e.node.Handle(t)
-	lo, _ := h.LinkByName("lo")
-	if err := h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: nodeAddr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
-		t.Fatal(err)
-	}
+	e := &env{node: harness.NewNS(t, "dknode"), driver: "skein-" + harness.RandHex(4)}
+	e.node.AddAddr(t, "lo", netip.PrefixFrom(nodeAddr, 32))
 	plugin := filepath.Join(pluginDir, e.driver+".sock")
 	t.Cleanup(func() { os.Remove(plugin) })
 	e.sk = skeintest.StartDaemon(t, skeintest.Options{Node: e.node, Args: []string{"--docker-socket", plugin}})
@@ -104,12 +81,15 @@ func newEnv(t testing.TB) *env {
 	if e.dir, err = os.MkdirTemp("", "skdocker-"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(e.dir) })
+	t.Cleanup(func() {
+		harness.UnmountUnder(e.dir)
+		os.RemoveAll(e.dir)
+	})
 	e.sock = filepath.Join(e.dir, "docker.sock")
 	e.startDockerd(t)
 	t.Cleanup(func() { e.stopDockerd(t) })
 	e.importImage(t)
-	e.base = nodeState(t, e.node)
+	e.base = nodeState(t, e.sk)
 	return e
 }
 
@@ -178,45 +158,11 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-var (
-	imageOnce sync.Once
-	imageTar  []byte
-	imageErr  error
-)
-
-// importImage gives the engine a busybox image: /bin/busybox and one
-// symlink per applet (but "busybox" itself), PATH=/bin.
+// importImage gives the engine the busybox image (skeintest.BusyboxTar).
 func (e *env) importImage(t testing.TB) {
 	t.Helper()
-	imageOnce.Do(func() {
-		bb, err := os.ReadFile("/bin/busybox")
-		if err != nil {
-			imageErr = err
-			return
-		}
-		list, err := exec.Command("/bin/busybox", "--list").Output()
-		if err != nil {
-			imageErr = fmt.Errorf("busybox --list: %w", err)
-			return
-		}
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
-		tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))})
-		tw.Write(bb)
-		for _, a := range strings.Fields(string(list)) {
-			if a != "busybox" {
-				tw.WriteHeader(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
-			}
-		}
-		imageErr = tw.Close()
-		imageTar = buf.Bytes()
-	})
-	if imageErr != nil {
-		t.Fatalf("build busybox image: %v", imageErr)
-	}
 	cmd := exec.Command(dockerCLI(), "-H", "unix://"+e.sock, "import", "--change", "ENV PATH=/bin", "-", image)
-	cmd.Stdin = bytes.NewReader(imageTar)
+	cmd.Stdin = bytes.NewReader(skeintest.BusyboxTar(t))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("docker import: %v\n%s", err, out)
 	}
@@ -366,72 +312,13 @@ func (e *env) assertClean(t testing.TB, pools ...string) {
 	if got := e.pools(t); !slices.Equal(got, want) {
 		t.Errorf("skeind's pools: want %v, have %v", want, got)
 	}
-	harness.AssertSame(t, e.base, nodeState(t, e.node))
+	harness.AssertSame(t, e.base, nodeState(t, e.sk))
 }
 
-// nodeState snapshots the node without the export table: a block stays
-// claimed (and exported) after its last address is released.
-func nodeState(t testing.TB, node *harness.NS) harness.State {
+// nodeState snapshots the node, its export table checked against the
+// blocks skeind owns (skeintest.Daemon.NodeState): after `network rm` the
+// deleted pool's blocks must be gone from it.
+func nodeState(t testing.TB, sk *skeintest.Daemon) harness.State {
 	t.Helper()
-	st := harness.Snapshot(t, node)
-	st.Routes = slices.DeleteFunc(st.Routes, func(r string) bool { return strings.HasPrefix(r, "table 119 ") })
-	return st
-}
-
-// hostState describes the test process's own namespace (the real host),
-// read-only: links, routes of every table, rules.
-func hostState(t testing.TB) []string {
-	t.Helper()
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	var out []string
-	links, err := h.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := map[int]string{}
-	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
-		out = append(out, fmt.Sprintf("link %s %s up=%t", l.Attrs().Name, l.Type(), l.Attrs().Flags&net.FlagUp != 0))
-	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range routes {
-		if r.Dst != nil && r.Dst.IP.IsLinkLocalMulticast() {
-			continue
-		}
-		out = append(out, fmt.Sprintf("route table %d %v via %v dev %s", r.Table, r.Dst, r.Gw, names[r.LinkIndex]))
-	}
-	rules, err := h.RuleList(netlink.FAMILY_ALL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rules {
-		out = append(out, fmt.Sprintf("rule %d prio %d table %d", r.Family, r.Priority, r.Table))
-	}
-	slices.Sort(out)
-	return out
-}
-
-func assertHostSame(t testing.TB, before, after []string) {
-	t.Helper()
-	var gone, added []string
-	for _, s := range before {
-		if !slices.Contains(after, s) {
-			gone = append(gone, s)
-		}
-	}
-	for _, s := range after {
-		if !slices.Contains(before, s) {
-			added = append(added, s)
-		}
-	}
-	if len(gone)+len(added) > 0 {
-		t.Errorf("the host's own network changed (it must never be touched):\n  gone:  %v\n  added: %v", gone, added)
-	}
+	return sk.NodeState(t)
 }

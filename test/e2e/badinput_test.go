@@ -66,6 +66,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 			_, _, err := e.rawCNI(t, v, conf)
 			return err
 		}},
+		// The host's own namespace (PID 1's) is refused the same way, but
+		// is not tried here: a regression would plumb the real host.
+		{name: "CNI_NETNS is the node's namespace", code: 4, run: func(t *testing.T, ns *harness.NS) error {
+			_, _, err := e.rawCNI(t, e.rawVars("ADD", "c1", e.d.Node.Path(), "eth0"), conf)
+			return err
+		}},
 		{name: "ifname longer than 15 bytes", code: 4, run: func(t *testing.T, ns *harness.NS) error {
 			_, _, err := e.rawCNI(t, e.rawVars("ADD", "c1", ns.Path(), "eth0123456789abc"), conf)
 			return err
@@ -163,11 +169,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 				c.setup(t)
 			}
 			ns := harness.NewNS(t, "pod")
-			before, attsBefore, usedBefore := nodeState(t, e.d.Node), attKeys(e.d.Attachments(t)), e.poolUsed(t, "tiny")
+			before, attsBefore, usedBefore := nodeState(t, e.d), attKeys(e.d.Attachments(t)), e.poolUsed(t, "tiny")
 
 			wantCode(t, "ADD with "+c.name, c.run(t, ns), c.code)
 
-			harness.AssertSame(t, before, nodeState(t, e.d.Node))
+			harness.AssertSame(t, before, nodeState(t, e.d))
 			if after := attKeys(e.d.Attachments(t)); !slices.Equal(attsBefore, after) {
 				t.Errorf("a refused ADD must not change skeind's attachments: before %v, after %v", attsBefore, after)
 			}

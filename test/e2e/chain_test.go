@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	types020 "github.com/containernetworking/cni/pkg/types/020"
 
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
@@ -104,6 +108,62 @@ func TestChainSkeinLater(t *testing.T) {
 	}
 	if err := rt.DelNetworkList(ctx(t), l, conf); err != nil {
 		t.Errorf("DEL through prevplug+skein: expected success, got: %v", err)
+	}
+	e.assertNothingLeft(t)
+}
+
+// prevPlugLegacy heads a 0.2.0 chain: on ADD it answers the 0.2.0 shape,
+// one IPv4 address (not skein's) and DNS settings.
+const prevPlugLegacy = `#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD) printf '%s' '{"cniVersion":"0.2.0","ip4":{"ip":"192.0.2.5/24","gateway":"192.0.2.1"},"dns":{"nameservers":["192.0.2.53"]}}' ;;
+VERSION) printf '%s' '{"cniVersion":"0.2.0","supportedVersions":["0.1.0","0.2.0"]}' ;;
+esac
+exit 0
+`
+
+// TestChainSkeinLaterLegacy: chained in 0.2.0 after a plugin that answered
+// in 0.2.0, skein reads that prevResult, keeps its DNS and reports its own
+// addresses (a 0.2.0 result has room for one per family, and skein's are
+// what eth0 carries); DEL goes through the chain.
+func TestChainSkeinLaterLegacy(t *testing.T) {
+	e := newEnv(t, skeintest.Options{})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "prevplug"), []byte(prevPlugLegacy), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt := skeintest.NewCNI([]string{dir, e.d.BinDir, skeintest.RefPluginDir}, t.TempDir())
+	l := skeintest.ConfList(t, "chain-legacy", "0.2.0", skeintest.Plugin{"type": "prevplug"}, e.d.SkeinPlugin(nil))
+	ns := harness.NewNS(t, "pod")
+	conf := skeintest.RT("legacy", ns.Path(), "eth0")
+	r, err := rt.AddNetworkList(ctx(t), l, conf)
+	if err != nil {
+		t.Fatalf("ADD through prevplug+skein in 0.2.0: expected a result, got: %v", err)
+	}
+	res, ok := r.(*types020.Result)
+	if !ok || res.CNIVersion != "0.2.0" {
+		t.Fatalf("a 0.2.0 chain should give a 0.2.0 result, got %T %v", r, r)
+	}
+	if res.IP4 == nil || res.IP4.IP.IP.Equal(net.IPv4(192, 0, 2, 5)) || !res.IP4.Gateway.Equal(gw4.AsSlice()) {
+		t.Errorf("ip4 should be skein's address with gateway %s, not prevplug's 192.0.2.5: %+v", gw4, res.IP4)
+	}
+	if gw6 := e.hostGateway6(t, ns, "eth0"); res.IP6 == nil || !res.IP6.Gateway.Equal(gw6.AsSlice()) {
+		t.Errorf("ip6 should be skein's address with gateway %s: %+v", gw6, res.IP6)
+	}
+	if !slices.Equal(res.DNS.Nameservers, []string{"192.0.2.53"}) {
+		t.Errorf("skein must keep prevResult's DNS, result has %+v", res.DNS)
+	}
+	if res.IP4 != nil {
+		if a, ok := netip.AddrFromSlice(res.IP4.IP.IP.To4()); ok {
+			mustReach(t, ns, "pod chained after a 0.2.0 plugin", gw4)
+			if atts := e.d.Attachments(t); len(atts) != 1 || len(atts[0].Addresses) == 0 || !slices.Contains(atts[0].Addresses, a.String()) {
+				t.Errorf("skeind's attachment should hold the result's %s: %s", a, describe(atts))
+			}
+		}
+	}
+	if err := rt.DelNetworkList(ctx(t), l, conf); err != nil {
+		t.Errorf("DEL through prevplug+skein in 0.2.0: expected success, got: %v", err)
 	}
 	e.assertNothingLeft(t)
 }

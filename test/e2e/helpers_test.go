@@ -18,9 +18,6 @@ import (
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
-// exportTable is skeind's default export table (block blackhole routes).
-const exportTable = 119
-
 // callTimeout bounds one libcni call; skeind answers in milliseconds.
 const callTimeout = 30 * time.Second
 
@@ -37,26 +34,21 @@ func newEnv(t *testing.T, o skeintest.Options) *env {
 	t.Helper()
 	harness.RequireRoot(t)
 	d := skeintest.StartDaemon(t, o)
-	return &env{d: d, cni: d.CNI(), base: nodeState(t, d.Node)}
+	return &env{d: d, cni: d.CNI(), base: nodeState(t, d)}
 }
 
-// nodeState snapshots the node namespace without the export table. A block
-// stays claimed by its node after its last address is released, so its
-// blackhole route in the export table rightly outlives the attachments
-// that claimed it; everything else an attachment creates must go with it.
-func nodeState(t testing.TB, node *harness.NS) harness.State {
+// nodeState snapshots the node namespace, its export table checked
+// against the blocks skeind owns (skeintest.Daemon.NodeState).
+func nodeState(t testing.TB, d *skeintest.Daemon) harness.State {
 	t.Helper()
-	st := harness.Snapshot(t, node)
-	prefix := fmt.Sprintf("table %d ", exportTable)
-	st.Routes = slices.DeleteFunc(st.Routes, func(r string) bool { return strings.HasPrefix(r, prefix) })
-	return st
+	return d.NodeState(t)
 }
 
 // assertNothingLeft checks that the node namespace is as skeind left it at
 // start and that skeind holds no attachment.
 func (e *env) assertNothingLeft(t *testing.T) {
 	t.Helper()
-	harness.AssertSame(t, e.base, nodeState(t, e.d.Node))
+	harness.AssertSame(t, e.base, nodeState(t, e.d))
 	if atts := e.d.Attachments(t); len(atts) != 0 {
 		t.Errorf("after every DEL skeind should hold no attachment; it holds %d: %s", len(atts), describe(atts))
 	}

@@ -1,16 +1,13 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // The helpers here execute the skein binary directly, for what libcni
@@ -48,25 +45,18 @@ func (e *env) rawConf(t testing.TB, name, version string, extra map[string]any) 
 // plain error if it printed none.
 func (e *env) rawCNI(t testing.TB, vars map[string]string, stdin []byte) (stdout []byte, stderr string, err error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(e.d.BinDir, "skein"))
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	env := []string{"PATH=" + os.Getenv("PATH")}
 	for k, v := range vars {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		env = append(env, k+"="+v)
 	}
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	runErr := cmd.Run()
-	var exit *exec.ExitError
-	if runErr != nil && !errors.As(runErr, &exit) {
-		t.Fatalf("run skein: %v", runErr)
+	r, err := skeintest.ExecPlugin(filepath.Join(e.d.BinDir, "skein"), env, stdin)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case r.Exit == 0:
+		return r.Stdout, string(r.Stderr), nil
+	case r.SpecErr == nil:
+		return r.Stdout, string(r.Stderr), fmt.Errorf("skein exited %d without a spec error on stdout (stdout %q, stderr %q)", r.Exit, r.Stdout, r.Stderr)
 	}
-	if runErr == nil {
-		return out.Bytes(), errOut.String(), nil
-	}
-	var e2 types.Error
-	if jerr := json.Unmarshal(out.Bytes(), &e2); jerr != nil || e2.Code == 0 {
-		return out.Bytes(), errOut.String(), fmt.Errorf("skein exited %d without a spec error on stdout (stdout %q, stderr %q)", exit.ExitCode(), out.String(), errOut.String())
-	}
-	return out.Bytes(), errOut.String(), &e2
+	return r.Stdout, string(r.Stderr), r.SpecErr
 }

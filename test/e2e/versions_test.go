@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"net"
 	"net/netip"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	types020 "github.com/containernetworking/cni/pkg/types/020"
 	types040 "github.com/containernetworking/cni/pkg/types/040"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
@@ -29,15 +31,56 @@ func linkLocal(t *testing.T, mac string) netip.Addr {
 	return netip.AddrFrom16([16]byte{0: 0xfe, 1: 0x80, 8: hw[0] ^ 2, 9: hw[1], 10: hw[2], 11: 0xff, 12: 0xfe, 13: hw[3], 14: hw[4], 15: hw[5]})
 }
 
+// hostGateway6 is the IPv6 gateway of the pod interface ifName in ns: the
+// link-local address of its peer, the host veth in the node namespace.
+func (e *env) hostGateway6(t *testing.T, ns *harness.NS, ifName string) netip.Addr {
+	t.Helper()
+	l, err := ns.Handle(t).LinkByName(ifName)
+	if err != nil {
+		t.Fatalf("%s in the pod: %v", ifName, err)
+	}
+	host, err := e.d.Node.Handle(t).LinkByIndex(l.Attrs().ParentIndex)
+	if err != nil {
+		t.Fatalf("host veth of %s: %v", ifName, err)
+	}
+	return linkLocal(t, host.Attrs().HardwareAddr.String())
+}
+
+// specVersions is every version the spec has had; skein accepts them all.
+var specVersions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// noVersion stands for a configuration without "cniVersion", which the
+// spec and libcni read as 0.1.0.
+const noVersion = "none"
+
+// versionedList is a skein conflist in version v, or without cniVersion
+// when v is noVersion.
+func (e *env) versionedList(t *testing.T, name, v string) *libcni.NetworkConfigList {
+	t.Helper()
+	if v != noVersion {
+		return e.list(t, name, v, nil)
+	}
+	b, err := json.Marshal(map[string]any{"name": name, "plugins": []skeintest.Plugin{e.d.SkeinPlugin(nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		t.Fatalf("conflist without cniVersion: %v", err)
+	}
+	return l
+}
+
 // TestEveryVersion runs the whole life of two dual-stack pods in every spec
-// version skein supports: ADD (result in that version's types), traffic,
-// CHECK (0.4.0+), DEL, DEL again; nothing may be left afterwards.
+// version (and without cniVersion, which is 0.1.0): ADD (result in that
+// version's types), traffic, CHECK (0.4.0+), DEL, DEL again; nothing may
+// be left afterwards.
 func TestEveryVersion(t *testing.T) {
 	e := newEnv(t, skeintest.Options{})
 	pool := []netip.Prefix{netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/112")}
-	for _, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+	for _, v := range append(specVersions, noVersion) {
 		t.Run(v, func(t *testing.T) {
-			l := e.list(t, "net-"+strings.ReplaceAll(v, ".", ""), v, nil)
+			l := e.versionedList(t, "net-"+strings.ReplaceAll(v, ".", ""), v)
 			nsA, nsB := harness.NewNS(t, "pod"), harness.NewNS(t, "pod")
 			a := e.addChecked(t, l, nsA, "ctr-a-"+v, pool)
 			b := e.addChecked(t, l, nsB, "ctr-b-"+v, pool)
@@ -56,7 +99,7 @@ func TestEveryVersion(t *testing.T) {
 				t.Errorf("pod a should reach its IPv6 gateway %s on the node: %v\n%s", gw6, err, out)
 			}
 
-			if v >= "0.4.0" {
+			if v >= "0.4.0" && v != noVersion {
 				for _, p := range []*pod{a, b} {
 					if err := e.check(t, l, p.rt); err != nil {
 						t.Errorf("CHECK %s right after ADD: the spec expects success, got: %v", p.rt.ContainerID, err)
@@ -114,9 +157,16 @@ func (e *env) addChecked(t *testing.T, l *libcni.NetworkConfigList, ns *harness.
 	rt := skeintest.RT(id, ns.Path(), "eth0")
 	r, err := e.add(t, l, rt)
 	if err != nil {
-		t.Fatalf("ADD %s (cniVersion %s): the spec expects a result, got: %v", id, l.CNIVersion, err)
+		t.Fatalf("ADD %s (cniVersion %q): the spec expects a result, got: %v", id, l.CNIVersion, err)
 	}
-	checkResultType(t, r, l.CNIVersion)
+	v := l.CNIVersion
+	if v == "" {
+		v = "0.1.0"
+	}
+	checkResultType(t, r, v)
+	if v < "0.3.0" {
+		return e.checkLegacy(t, l, r, rt, ns, pool)
+	}
 	res := asCurrent(t, r)
 	p := &pod{ns: ns, rt: rt, res: res, addrs: ctrAddrs(res, "eth0", ns.Path())}
 
@@ -192,6 +242,81 @@ func (e *env) addChecked(t *testing.T, l *libcni.NetworkConfigList, ns *harness.
 	return p
 }
 
+// checkLegacy verifies a 0.1.0/0.2.0 result, {"ip4", "ip6", "dns"} with one
+// address per family and no interfaces, against pool and the kernel.
+func (e *env) checkLegacy(t *testing.T, l *libcni.NetworkConfigList, r types.Result, rt *libcni.RuntimeConf, ns *harness.NS, pool []netip.Prefix) *pod {
+	t.Helper()
+	res, ok := r.(*types020.Result)
+	if !ok {
+		t.Fatalf("result of type %T", r)
+	}
+	raw, _ := json.Marshal(r)
+	for _, k := range []string{`"interfaces"`, `"ips"`} {
+		if strings.Contains(string(raw), k) {
+			t.Errorf("a %s result has no %s: %s", r.Version(), k, raw)
+		}
+	}
+	var addrs []netip.Addr
+	for _, s := range pool {
+		ipc, wantGW, fam := res.IP4, gw4, "ip4"
+		if s.Addr().Is6() {
+			ipc, wantGW, fam = res.IP6, e.hostGateway6(t, ns, rt.IfName), "ip6"
+		}
+		if ipc == nil {
+			t.Errorf("result should carry %s for pool subnet %s: %s", fam, s, raw)
+			continue
+		}
+		a, _ := netip.AddrFromSlice(ipc.IP.IP)
+		a = a.Unmap()
+		if ones, bits := ipc.IP.Mask.Size(); ones != bits || !s.Contains(a) {
+			t.Errorf("%s.ip %s should be a host address in %s", fam, ipc.IP.String(), s)
+		}
+		if g, _ := netip.AddrFromSlice(ipc.Gateway); g.Unmap() != wantGW {
+			t.Errorf("%s.gateway should be %s, is %v", fam, wantGW, ipc.Gateway)
+		}
+		if len(ipc.Routes) != 1 || !isDefault(ipc.Routes[0].Dst) {
+			t.Errorf("%s.routes should hold the default route, holds %v", fam, ipc.Routes)
+		}
+		addrs = append(addrs, a)
+	}
+	link, err := ns.Handle(t).LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("eth0 should exist in the pod after ADD: %v", err)
+	}
+	kaddrs, err := ns.Handle(t).AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		found := false
+		for _, k := range kaddrs {
+			ka, _ := netip.AddrFromSlice(k.IP)
+			ones, _ := k.Mask.Size()
+			found = found || ka.Unmap() == a && ones == a.BitLen()
+		}
+		if !found {
+			t.Errorf("eth0 in the pod should hold %v/%d, holds %v", a, a.BitLen(), kaddrs)
+		}
+	}
+	links, err := e.d.Node.Handle(t).LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, tagged := "skein:"+l.Name+":"+rt.ContainerID+":eth0", false
+	for _, hl := range links {
+		tagged = tagged || hl.Attrs().Alias == tag
+	}
+	if !tagged {
+		t.Errorf("a host veth tagged %q should be in the node namespace", tag)
+	}
+	return &pod{ns: ns, rt: rt, res: asCurrent(t, r), addrs: addrs}
+}
+
+func isDefault(n net.IPNet) bool {
+	ones, _ := n.Mask.Size()
+	return ones == 0 && n.IP.IsUnspecified()
+}
+
 // checkResultType: libcni decodes the plugin's output with the types of the
 // configuration's version; the plugin must have answered in that version.
 func checkResultType(t *testing.T, r types.Result, version string) {
@@ -200,8 +325,12 @@ func checkResultType(t *testing.T, r types.Result, version string) {
 		t.Errorf("result version should be the configuration's %s, is %s", version, r.Version())
 	}
 	switch res := r.(type) {
+	case *types020.Result:
+		if version >= "0.3.0" {
+			t.Errorf("a %s result should not decode as types020", version)
+		}
 	case *types040.Result:
-		if version >= "1.0.0" {
+		if version >= "1.0.0" || version < "0.3.0" {
 			t.Errorf("a %s result should decode as types100, decoded as types040", version)
 		}
 		for _, ip := range res.IPs {

@@ -22,8 +22,15 @@ import (
 )
 
 // NetNSDir is where NewNS pins namespaces, as `ip netns add` does, so that
-// `ip netns exec <name>` works when debugging a stuck test.
+// `ip netns exec <name>` works when debugging a stuck test. netns.Create
+// prepares it as iproute2 does (a shared mount of itself) before the first
+// pin, so that podman or ip(8) running later in a test do not hide the
+// namespaces already pinned there.
 const NetNSDir = "/run/netns"
+
+// NamePrefix starts the name of every namespace NewNS makes, so that
+// scripts/fresh-check.sh can tell a test's leftovers from anything else.
+const NamePrefix = "skein-"
 
 // RequireRoot skips the test unless it runs as root.
 func RequireRoot(t testing.TB) {
@@ -38,17 +45,12 @@ type NS struct {
 	name, path string
 }
 
-// NewNS creates a namespace named prefix-<random>, brings lo up in it and
-// registers its removal with t.Cleanup. It calls t.Fatal on failure.
+// NewNS creates a namespace named skein-<prefix>-<random>, brings lo up in
+// it and registers its removal with t.Cleanup. It calls t.Fatal on failure.
 func NewNS(t testing.TB, prefix string) *NS {
 	t.Helper()
 	RequireRoot(t)
-	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
-		t.Fatalf("mkdir %s: %v", NetNSDir, err)
-	}
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	ns := &NS{name: prefix + "-" + hex.EncodeToString(rnd[:])}
+	ns := &NS{name: NamePrefix + prefix + "-" + RandHex(4)}
 	ns.path = filepath.Join(NetNSDir, ns.name)
 	if err := netns.Create(ns.path); err != nil {
 		t.Fatalf("create netns %s: %v", ns.name, err)
@@ -71,6 +73,13 @@ func NewNS(t testing.TB, prefix string) *NS {
 		t.Fatalf("lo up in %s: %v", ns.name, err)
 	}
 	return ns
+}
+
+// RandHex returns n random bytes in hex: names unique to one run.
+func RandHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // Name is the namespace's name (its file name under NetNSDir).

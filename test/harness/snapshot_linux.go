@@ -38,12 +38,21 @@ func Snapshot(t testing.TB, ns *NS) State {
 	t.Helper()
 	h := ns.Handle(t)
 	settle(t, h)
+	st, err := readState(h)
+	if err != nil {
+		t.Fatalf("snapshot %s: %v", ns.name, err)
+	}
+	return st
+}
+
+// readState describes what h's namespace holds now, as Snapshot does.
+func readState(h *netlink.Handle) (State, error) {
+	var st State
 	links, err := h.LinkList()
 	if err != nil {
-		t.Fatalf("snapshot %s: links: %v", ns.name, err)
+		return st, fmt.Errorf("links: %w", err)
 	}
 	names := map[int]string{}
-	var st State
 	for _, l := range links {
 		a := l.Attrs()
 		names[a.Index] = a.Name
@@ -52,14 +61,14 @@ func Snapshot(t testing.TB, ns *NS) State {
 	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
-		t.Fatalf("snapshot %s: addrs: %v", ns.name, err)
+		return st, fmt.Errorf("addrs: %w", err)
 	}
 	for _, a := range addrs {
 		st.Addrs = append(st.Addrs, fmt.Sprintf("%s dev %s", a.IPNet, names[a.LinkIndex]))
 	}
 	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		t.Fatalf("snapshot %s: routes: %v", ns.name, err)
+		return st, fmt.Errorf("routes: %w", err)
 	}
 	for _, r := range routes {
 		dst := "default"
@@ -71,7 +80,7 @@ func Snapshot(t testing.TB, ns *NS) State {
 	}
 	rules, err := h.RuleList(netlink.FAMILY_ALL)
 	if err != nil {
-		t.Fatalf("snapshot %s: rules: %v", ns.name, err)
+		return st, fmt.Errorf("rules: %w", err)
 	}
 	for _, r := range rules {
 		st.Rules = append(st.Rules, fmt.Sprintf("family %d prio %d table %d src %v dst %v",
@@ -80,7 +89,7 @@ func Snapshot(t testing.TB, ns *NS) State {
 	for _, s := range [][]string{st.Links, st.Addrs, st.Routes, st.Rules} {
 		slices.Sort(s)
 	}
-	return st
+	return st, nil
 }
 
 // AssertSame reports (t.Errorf) every link, address, route or rule present in

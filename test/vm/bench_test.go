@@ -2,7 +2,6 @@ package vm
 
 import (
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/vm"
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // BenchmarkDHCPLease times udhcpc's lease, first DISCOVER to ACK as seen
@@ -27,8 +27,8 @@ import (
 //
 //	go test -run '^$' -bench DHCPLease -benchtime=100x ./test/vm/
 func BenchmarkDHCPLease(b *testing.B) {
-	requireTool(b, "udhcpc")
-	dnsmasq := requireTool(b, "dnsmasq")
+	skeintest.RequireTool(b, "udhcpc")
+	dnsmasq := skeintest.RequireTool(b, "dnsmasq")
 
 	// skein: a pod through skein + skein-vm, a VM stand-in on its bridge.
 	e := newEnv(b)
@@ -98,28 +98,8 @@ func dnsmasqPod(b *testing.B, mac string) (pod, vmNS *harness.NS, ifName string)
 		b.Fatal(err)
 	}
 	hw, _ := net.ParseMAC(mac)
-	f, err := os.Open(vmNS.Path())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
 	ifName = "dmvm0"
-	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "dmport", MTU: podMTU, MasterIndex: br.Index, TxQLen: -1},
-		PeerName: ifName, PeerHardwareAddr: hw, PeerMTU: uint32(podMTU), PeerNamespace: netlink.NsFd(f.Fd())}
-	if err := h.LinkAdd(v); err != nil {
-		b.Fatal(err)
-	}
-	if err := h.LinkSetUp(v); err != nil {
-		b.Fatal(err)
-	}
-	vh := vmNS.Handle(b)
-	l, err := vh.LinkByName(ifName)
-	if err == nil {
-		err = vh.LinkSetUp(l)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	pod.AddVeth(b, harness.Veth{Name: "dmport", PeerName: ifName, Peer: vmNS, MTU: podMTU, Master: br.Index, PeerMAC: hw})
 	return pod, vmNS, ifName
 }
 

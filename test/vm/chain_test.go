@@ -20,8 +20,8 @@ import (
 // option alone (one default route via an on-link gateway needs no 121),
 // reaches the node's bridge, and DEL gives the pod back.
 func TestChainAfterBridge(t *testing.T) {
-	requireTool(t, "udhcpc")
-	requireTool(t, filepath.Join(skeintest.RefPluginDir, "bridge"))
+	skeintest.RequireTool(t, "udhcpc")
+	skeintest.RequireTool(t, filepath.Join(skeintest.RefPluginDir, "bridge"))
 	e := newEnv(t)
 	node := harness.NewNS(t, "brnode")
 	l := skeintest.ConfList(t, "vm-bridge", "1.0.0",
@@ -63,8 +63,7 @@ func TestChainAfterBridge(t *testing.T) {
 	gw, _ := netip.AddrFromSlice(res.IPs[0].Gateway.To4())
 
 	vm, ifName := p.vmSide(t)
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(udhcpcScript, dir))
+	dir, script := clientScript(t, udhcpcScript)
 	out, err := run(t, vm, 20*time.Second, "udhcpc", "-f", "-q", "-n", "-i", ifName, "-s", script, "-t", "10", "-T", "1")
 	if err != nil {
 		t.Fatalf("udhcpc: %v\n%s", err, out)
@@ -109,7 +108,7 @@ func linkNames(t *testing.T, ns *harness.NS) []string {
 // (a /24 with its kernel subnet route, a default route via the node's
 // bridge).
 func TestDelRestoresBridgePod(t *testing.T) {
-	requireTool(t, filepath.Join(skeintest.RefPluginDir, "bridge"))
+	skeintest.RequireTool(t, filepath.Join(skeintest.RefPluginDir, "bridge"))
 	e := newEnv(t)
 	node := harness.NewNS(t, "brnode")
 	l := skeintest.ConfList(t, "vm-brdel", "1.0.0",

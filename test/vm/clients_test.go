@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // Each client runs with a script of ours that configures the interface
@@ -188,13 +189,12 @@ func startIn(t *testing.T, ns *harness.NS, name string, args ...string) *exec.Cm
 // through the bridge towards the gateway's MAC) is answered; a release
 // frees nothing in IPAM and the next client gets the same address.
 func TestUdhcpc(t *testing.T) {
-	requireTool(t, "udhcpc")
+	skeintest.RequireTool(t, "udhcpc")
 	e := newEnv(t)
 	l := e.skeinChain(t, "vm-udhcpc", "1.1.0", nil)
 	p := e.mustAddVM(t, l, "udhcpc", [2]string{"K8S_POD_NAME", "web-0"})
 	vm, ifName := p.vmSide(t)
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(udhcpcScript, dir))
+	dir, script := clientScript(t, udhcpcScript)
 	used := e.poolUsed(t)
 
 	cmd := startIn(t, vm, "udhcpc", "-f", "-i", ifName, "-s", script, "-t", "10", "-T", "1", "-A", "1")
@@ -233,13 +233,12 @@ func TestUdhcpc(t *testing.T) {
 // TestDhclient: ISC dhclient with a 10 s lease: the lease, what it
 // configures, its own renewal at T1 (5 s, unicast), release.
 func TestDhclient(t *testing.T) {
-	requireTool(t, "dhclient")
+	skeintest.RequireTool(t, "dhclient")
 	e := newEnv(t)
 	l := e.skeinChain(t, "vm-dhclient", "1.0.0", map[string]any{"leaseSeconds": 10})
 	p := e.mustAddVM(t, l, "dhclient", [2]string{"K8S_POD_NAME", "web-0"})
 	vm, ifName := p.vmSide(t)
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(dhclientScript, dir))
+	dir, script := clientScript(t, dhclientScript)
 	conf := filepath.Join(dir, "dhclient.conf")
 	if err := os.WriteFile(conf, []byte(dhclientConf), 0o644); err != nil {
 		t.Fatal(err)
@@ -275,13 +274,12 @@ func TestDhclient(t *testing.T) {
 // TestDhcpcd: dhcpcd configures the interface itself (address, routes
 // from option 121, MTU); its hook records the rest.
 func TestDhcpcd(t *testing.T) {
-	requireTool(t, "dhcpcd")
+	skeintest.RequireTool(t, "dhcpcd")
 	e := newEnv(t)
 	l := e.skeinChain(t, "vm-dhcpcd", "0.4.0", nil)
 	p := e.mustAddVM(t, l, "dhcpcd", [2]string{"K8S_POD_NAME", "web-0"})
 	vm, ifName := p.vmSide(t)
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(dhcpcdScript, dir))
+	dir, script := clientScript(t, dhcpcdScript)
 	conf := filepath.Join(dir, "dhcpcd.conf")
 	if err := os.WriteFile(conf, []byte(dhcpcdConf), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,15 +1,12 @@
 package vm
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/skeinnet/skein/internal/netns"
@@ -26,19 +23,17 @@ func (e *env) execVM(t *testing.T, verb string, conf map[string]any, id, netnsPa
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(e.d.BinDir, "skein-vm"))
-	cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + netnsPath, "CNI_IFNAME=" + ifName, "CNI_PATH=" + e.d.BinDir}
-	cmd.Stdin = bytes.NewReader(b)
-	var out, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		var perr types.Error
-		if jerr := json.Unmarshal(out.Bytes(), &perr); jerr == nil && perr.Code != 0 {
-			return nil, &perr
-		}
-		return nil, fmt.Errorf("skein-vm %s: %v: %s%s", verb, err, out.String(), stderr.String())
+	r, err := skeintest.ExecPlugin(filepath.Join(e.d.BinDir, "skein-vm"),
+		[]string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + netnsPath, "CNI_IFNAME=" + ifName, "CNI_PATH=" + e.d.BinDir}, b)
+	switch {
+	case err != nil:
+		return nil, err
+	case r.SpecErr != nil:
+		return nil, r.SpecErr
+	case r.Exit != 0:
+		return nil, fmt.Errorf("skein-vm %s: exit status %d: %s%s", verb, r.Exit, r.Stdout, r.Stderr)
 	}
-	return out.Bytes(), nil
+	return r.Stdout, nil
 }
 
 // vmConf is skein-vm's configuration for one call.

@@ -2,8 +2,6 @@ package vm
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -157,44 +155,15 @@ func ifaces(res *types100.Result) string {
 func (p *vmPod) vmSide(t testing.TB) (*harness.NS, string) {
 	t.Helper()
 	vm := harness.NewNS(t, "vm")
-	ifName := "vm" + randHex(3)
-	port := "vp" + randHex(3)
+	ifName := "vm" + harness.RandHex(3)
 	mac, _ := net.ParseMAC(p.vmMAC)
-	h := p.ns.Handle(t)
-	br, err := h.LinkByName(p.bridge)
+	br, err := p.ns.Handle(t).LinkByName(p.bridge)
 	if err != nil {
 		t.Fatalf("bridge %s: %v", p.bridge, err)
 	}
-	vmFd, err := os.Open(vm.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vmFd.Close()
-	veth := &netlink.Veth{
-		LinkAttrs: netlink.LinkAttrs{Name: port, MTU: br.Attrs().MTU, MasterIndex: br.Attrs().Index, TxQLen: -1},
-		PeerName:  ifName, PeerHardwareAddr: mac, PeerMTU: uint32(br.Attrs().MTU), PeerNamespace: netlink.NsFd(vmFd.Fd()),
-	}
-	if err := h.LinkAdd(veth); err != nil {
-		t.Fatalf("VM stand-in veth: %v", err)
-	}
-	if err := h.LinkSetUp(veth); err != nil {
-		t.Fatal(err)
-	}
-	vh := vm.Handle(t)
-	l, err := vh.LinkByName(ifName)
-	if err == nil {
-		err = vh.LinkSetUp(l)
-	}
-	if err != nil {
-		t.Fatalf("VM interface up: %v", err)
-	}
+	p.ns.AddVeth(t, harness.Veth{Name: "vp" + harness.RandHex(3), PeerName: ifName, Peer: vm,
+		MTU: br.Attrs().MTU, Master: br.Attrs().Index, PeerMAC: mac})
 	return vm, ifName
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // configured is what a DHCP client set up in the VM namespace, read back
@@ -263,16 +232,6 @@ func run(t testing.TB, ns *harness.NS, timeout time.Duration, name string, args 
 	return string(out), err
 }
 
-// requireTool skips the test if a client is not installed.
-func requireTool(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("skipping: %s is not installed (scripts/install-deps.sh installs it)", name)
-	}
-	return p
-}
-
 // poolUsed is the number of addresses skeind holds in the default pool.
 func (e *env) poolUsed(t testing.TB) uint64 {
 	t.Helper()
@@ -285,12 +244,15 @@ func (e *env) poolUsed(t testing.TB) uint64 {
 	return p.Used
 }
 
-// writeScript writes an executable script into dir.
-func writeScript(t testing.TB, dir, name, body string) string {
+// clientScript prepares one DHCP client run: a new directory dir and in
+// it the client's script, tmpl formatted with dir (the scripts record what
+// the client got in dir/<event>.env and dir/events; see clients_test.go).
+func clientScript(t testing.TB, tmpl string) (dir, script string) {
 	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+	dir = t.TempDir()
+	script = filepath.Join(dir, "script")
+	if err := os.WriteFile(script, []byte(fmt.Sprintf(tmpl, dir)), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return dir, script
 }

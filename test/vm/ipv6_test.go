@@ -32,7 +32,7 @@ exit 0
 // gateway, the host veth's link-local address) give the VM's kernel its
 // default route and MTU; the VM side then reaches another pod over IPv6.
 func TestDHCPv6AndRA(t *testing.T) {
-	requireTool(t, "dhclient")
+	skeintest.RequireTool(t, "dhclient")
 	e := newEnv(t)
 	dns := map[string]any{"nameservers": []string{"10.96.0.10", "fd00:96::10"}, "search": []string{"svc.cluster.local", "cluster.local"}}
 	l := skeintest.ConfList(t, "vm-v6", "1.1.0", e.d.SkeinPlugin(skeintest.Plugin{"dns": dns, "mtu": podMTU}), e.skeinVM(nil))
@@ -72,8 +72,7 @@ func TestDHCPv6AndRA(t *testing.T) {
 		return false
 	})
 
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(dhclient6Script, dir))
+	dir, script := clientScript(t, dhclient6Script)
 	common := []string{"-6", "-sf", script, "-lf", filepath.Join(dir, "leases"), "-pf", filepath.Join(dir, "pid")}
 	t.Cleanup(func() {
 		_, _ = run(t, vm, 10*time.Second, "dhclient", append(append([]string{"-x"}, common...), ifName)...)

@@ -24,8 +24,7 @@ func skeintestCode(err error) uint { return skeintest.ErrCode(err) }
 // udhcpcOnce takes one lease in vm and returns the address udhcpc got.
 func udhcpcOnce(t *testing.T, vm *harness.NS, ifName string) (string, error) {
 	t.Helper()
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(udhcpcScript, dir))
+	dir, script := clientScript(t, udhcpcScript)
 	out, err := run(t, vm, 20*time.Second, "udhcpc", "-f", "-q", "-n", "-i", ifName, "-s", script, "-t", "8", "-T", "1")
 	if err != nil {
 		return "", fmt.Errorf("%v: %s", err, out)
@@ -37,7 +36,7 @@ func udhcpcOnce(t *testing.T, vm *harness.NS, ifName string) (string, error) {
 // attachment from its record and tagged bridge and serves DHCP again;
 // CHECK passes; DEL still gives the pod back.
 func TestRestart(t *testing.T) {
-	requireTool(t, "udhcpc")
+	skeintest.RequireTool(t, "udhcpc")
 	e := newEnv(t)
 	l := e.skeinChain(t, "vm-restart", "1.0.0", nil)
 	p := e.mustAddVM(t, l, "restarted")

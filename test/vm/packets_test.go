@@ -2,9 +2,11 @@ package vm
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/vm"
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // rawPort is a packet socket on the VM stand-in's interface: the test
@@ -25,6 +28,11 @@ type rawPort struct {
 }
 
 func openRaw(t *testing.T, ns *harness.NS, ifName string) *rawPort {
+	return openRawProto(t, ns, ifName, unix.ETH_P_IP)
+}
+
+// openRawProto is openRaw for another ethertype (unix.ETH_P_IPV6).
+func openRawProto(t *testing.T, ns *harness.NS, ifName string, proto uint16) *rawPort {
 	t.Helper()
 	r := &rawPort{}
 	err := ns.Do(func() error {
@@ -33,16 +41,21 @@ func openRaw(t *testing.T, ns *harness.NS, ifName string) *rawPort {
 			return err
 		}
 		r.ifindex = ifc.Index
-		r.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+		r.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(proto)))
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(r.fd) })
-	if err := unix.Bind(r.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: r.ifindex}); err != nil {
+	if err := unix.Bind(r.fd, &unix.SockaddrLinklayer{Protocol: htons(proto), Ifindex: r.ifindex}); err != nil {
 		t.Fatal(err)
 	}
+	// Copies of the frames the test sends would only fill the buffer.
+	if err := unix.SetsockoptInt(r.fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.SetsockoptInt(r.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
 	return r
 }
 
@@ -61,6 +74,19 @@ func (r *rawPort) send(t *testing.T, frame []byte) {
 func (r *rawPort) replies(t *testing.T, xid dhcpv4.TransactionID, d time.Duration) []*dhcpv4.DHCPv4 {
 	t.Helper()
 	var out []*dhcpv4.DHCPv4
+	r.frames(d, func(f vm.Frame) {
+		if f.DstPort != 68 {
+			return
+		}
+		if m, err := dhcpv4.FromBytes(f.Payload); err == nil && m.TransactionID == xid {
+			out = append(out, m)
+		}
+	})
+	return out
+}
+
+// frames hands each well-formed frame received until d passes to fn.
+func (r *rawPort) frames(d time.Duration, fn func(vm.Frame)) {
 	buf := make([]byte, 2048)
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
 		tv := unix.NsecToTimeval(int64(time.Until(deadline)) + 1)
@@ -69,15 +95,10 @@ func (r *rawPort) replies(t *testing.T, xid dhcpv4.TransactionID, d time.Duratio
 		if err != nil {
 			continue
 		}
-		f, err := vm.ParseFrame(buf[:n], true)
-		if err != nil || f.DstPort != 68 {
-			continue
-		}
-		if m, err := dhcpv4.FromBytes(f.Payload); err == nil && m.TransactionID == xid {
-			out = append(out, m)
+		if f, err := vm.ParseFrame(buf[:n], true); err == nil {
+			fn(f)
 		}
 	}
-	return out
 }
 
 // TestHostilePackets: malformed, truncated, foreign-MAC and relayed DHCP
@@ -161,7 +182,7 @@ func TestHostilePackets(t *testing.T) {
 // the gateway's MAC) and releases, no DHCP frame leaves the pod through
 // the main plugin's veth: the node side of it sees none.
 func TestNoDHCPLeak(t *testing.T) {
-	requireTool(t, "udhcpc")
+	skeintest.RequireTool(t, "udhcpc")
 	e := newEnv(t)
 	l := e.skeinChain(t, "vm-leak", "1.1.0", nil)
 	p := e.mustAddVM(t, l, "leak")
@@ -184,8 +205,7 @@ func TestNoDHCPLeak(t *testing.T) {
 	defer unix.Close(fd)
 
 	vmNS, ifName := p.vmSide(t)
-	dir := t.TempDir()
-	script := writeScript(t, dir, "script", fmt.Sprintf(udhcpcScript, dir))
+	dir, script := clientScript(t, udhcpcScript)
 	cmd := startIn(t, vmNS, "udhcpc", "-f", "-R", "-i", ifName, "-s", script, "-t", "10", "-T", "1")
 	if !waitEvent(t, dir, "bound", 15*time.Second) {
 		t.Fatal("no lease")
@@ -194,11 +214,16 @@ func TestNoDHCPLeak(t *testing.T) {
 	if !waitEvent(t, dir, "renew", 10*time.Second) {
 		t.Error("no renewal")
 	}
-	_ = cmd.Process.Signal(syscall.SIGUSR2)
-	waitEvent(t, dir, "deconfig", 5*time.Second)
-	// Traffic that must cross the veth does: the gateway answers a ping.
+	// Traffic that must cross the veth does: the gateway answers a ping
+	// (while the lease holds: the release below takes the address away).
 	if err := harness.Ping(t, vmNS, p.gw4); err != nil {
 		t.Errorf("ping the gateway through the veth: %v", err)
+	}
+	// The release; udhcpc's events already hold the "deconfig" of its
+	// start, so wait for the second one.
+	_ = cmd.Process.Signal(syscall.SIGUSR2)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && countEvent(dir, "deconfig") < 2; {
+		time.Sleep(50 * time.Millisecond)
 	}
 
 	var dhcp, frames int
@@ -221,5 +246,99 @@ func TestNoDHCPLeak(t *testing.T) {
 	}
 	if frames == 0 {
 		t.Error("the capture saw nothing at all on the veth (not even the ping): it proves nothing")
+	}
+}
+
+// countEvent is how many times a client script recorded event in dir.
+func countEvent(dir, event string) int {
+	b, _ := os.ReadFile(filepath.Join(dir, "events"))
+	n := 0
+	for _, e := range strings.Fields(string(b)) {
+		if e == event {
+			n++
+		}
+	}
+	return n
+}
+
+// TestFloodIsRateLimited: a guest that floods its port with requests that
+// only earn a NAK, or with router solicitations, gets a bounded number of
+// answers (a token bucket per port: a small burst, then one per period),
+// while a proper request is still answered at once.
+func TestFloodIsRateLimited(t *testing.T) {
+	e := newEnv(t)
+	l := e.skeinChain(t, "vm-flood", "1.1.0", nil)
+	p := e.mustAddVM(t, l, "flood")
+	if !p.addr6.IsValid() {
+		t.Fatal("the default test pool is dual-stack: the pod should have an IPv6 address")
+	}
+	vmNS, ifName := p.vmSide(t)
+	mac, _ := net.ParseMAC(p.vmMAC)
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	zero, all := netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("255.255.255.255")
+	const flood = 200
+
+	// DHCPv4: REQUESTs for an address that is not the VM's, each worth a NAK.
+	raw := openRaw(t, vmNS, ifName)
+	wrong := p.addr4.Addr().Next()
+	bad, err := dhcpv4.NewDiscovery(mac, dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest),
+		dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(wrong.AsSlice())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := vm.BuildUDP(mac, bcast, zero, all, 68, 67, bad.ToBytes())
+	got := make(chan []*dhcpv4.DHCPv4)
+	go func() { got <- raw.replies(t, bad.TransactionID, 1500*time.Millisecond) }()
+	for range flood {
+		raw.send(t, frame)
+	}
+	naks := 0
+	for _, m := range <-got {
+		if m.MessageType() == dhcpv4.MessageTypeNak {
+			naks++
+		}
+	}
+	// Burst 4, one a second; the flood takes well under a second.
+	if naks < 1 || naks > 6 {
+		t.Errorf("%d REQUESTs for %s (not the lease) got %d NAKs; want at least 1 and at most 6 (burst 4, then one a second)", flood, wrong, naks)
+	}
+	good, err := dhcpv4.NewDiscovery(mac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.send(t, vm.BuildUDP(mac, bcast, zero, all, 68, 67, good.ToBytes()))
+	if got := raw.replies(t, good.TransactionID, 2*time.Second); len(got) != 1 || got[0].MessageType() != dhcpv4.MessageTypeOffer {
+		t.Errorf("a proper DISCOVER right after the NAK flood should get one OFFER, got %v", got)
+	}
+
+	// IPv6: router solicitations from a link-local address; the answers
+	// are addressed to it (the periodic advertisements go to ff02::1).
+	raw6 := openRawProto(t, vmNS, ifName, unix.ETH_P_IPV6)
+	src := netip.MustParseAddr("fe80::5c:1:2:3")
+	allRouters := netip.MustParseAddr("ff02::2")
+	rs := vm.BuildICMP6(mac, net.HardwareAddr{0x33, 0x33, 0, 0, 0, 2}, src, allRouters, []byte{133, 0, 0, 0, 0, 0, 0, 0})
+	counted := make(chan int)
+	go func() {
+		n := 0
+		raw6.frames(1500*time.Millisecond, func(f vm.Frame) {
+			if f.Proto == 58 && len(f.Payload) > 0 && f.Payload[0] == 134 && f.Dst == src {
+				n++
+			}
+		})
+		counted <- n
+	}()
+	for range flood {
+		raw6.send(t, rs)
+	}
+	ras := <-counted
+	// Burst 3, one per 3 s.
+	if ras < 1 || ras > 4 {
+		t.Errorf("%d router solicitations got %d solicited advertisements; want at least 1 and at most 4 (burst 3, then one per 3 s)", flood, ras)
+	}
+
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.d.Admin(t).Status(c, &rpc.Empty{}); err != nil {
+		t.Errorf("skeind should still answer: %v", err)
 	}
 }

@@ -131,7 +131,7 @@ func initramfs(t *testing.T, modules map[string]string, target string) string {
 // descriptor from skeind gets its lease over the tap and pings another
 // pod of the same skein pool. The guest's console is the evidence.
 func TestRealVM(t *testing.T) {
-	qemu := requireTool(t, "qemu-system-x86_64")
+	qemu := skeintest.RequireTool(t, "qemu-system-x86_64")
 	kernel, modules := guestFiles(t)
 	e := newEnv(t)
 
