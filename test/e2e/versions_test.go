@@ -94,7 +94,7 @@ func TestEveryVersion(t *testing.T) {
 			mustReach(t, nsA, "pod a to pod b", b.addrs...)
 			mustReach(t, nsB, "pod b to pod a", a.addrs...)
 			mustReach(t, nsA, "pod a to its IPv4 gateway on the node", gw4)
-			gw6 := linkLocal(t, a.res.Interfaces[0].Mac)
+			gw6 := e.hostGateway6(t, nsA, "eth0")
 			if out, err := nsA.Exec(t, "ping", "-6", "-c1", "-W2", gw6.String()+"%eth0"); err != nil {
 				t.Errorf("pod a should reach its IPv6 gateway %s on the node: %v\n%s", gw6, err, out)
 			}
