@@ -18,7 +18,7 @@ all: build
 # Statically linked (no cgo): the CNI binaries are exec'd for every ADD and
 # DEL, and loading libc through ld.so costs ~0.7 ms a start on our machines.
 build:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./bench/execfloor
 
 deps:
 	./scripts/install-deps.sh

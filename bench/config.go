@@ -20,7 +20,10 @@ type Config struct {
 	// reference bridge plugin waits for IPv6 DAD, which would measure
 	// the kernel's timer rather than the plugin).
 	Dual bool `json:"dual_stack"`
-	// Contenders to run, by name; empty = all.
+	// DualLevels are the node sizes at which skein and the floor are also
+	// measured with dual-stack pools (c=1 only), when Dual is off.
+	DualLevels []int `json:"dual_stack_levels,omitempty"`
+	// Contenders to run, by name; empty = all but floor-poddel.
 	Contenders []string `json:"contenders,omitempty"`
 	// IperfSeconds and IperfRounds shape the throughput test; RRCount is
 	// the number of TCP request/response round trips for RTT.
@@ -36,12 +39,12 @@ type Config struct {
 
 // Full is `make bench`.
 func Full() Config {
-	return Config{Mode: "full", Levels: []int{10, 1000, 5000}, Concurrency: []int{1, 8, 32}, Ops: 160, Warmup: 8,
+	return Config{Mode: "full", Levels: []int{10, 1000, 5000}, DualLevels: []int{10, 5000}, Concurrency: []int{1, 8, 32}, Ops: 160, Warmup: 8,
 		IperfSeconds: 5, IperfRounds: 3, RRCount: 20000, RestartTrials: 3}
 }
 
 // Quick is `make bench-quick`: fewer operations, no 5,000 level.
 func Quick() Config {
-	return Config{Mode: "quick", Levels: []int{10, 1000}, Concurrency: []int{1, 8, 32}, Ops: 40, Warmup: 4,
+	return Config{Mode: "quick", Levels: []int{10, 1000}, DualLevels: []int{10, 1000}, Concurrency: []int{1, 8, 32}, Ops: 40, Warmup: 4,
 		IperfSeconds: 2, IperfRounds: 1, RRCount: 5000, RestartTrials: 1}
 }

@@ -7,6 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,7 +153,7 @@ type refContender struct {
 func (c *refContender) maxAttachments() (int, string) { return c.limit, c.why }
 
 func (c *refContender) start(sc *scope) {
-	c.n = harness.NewNS(sc, "bnode")
+	c.n = newNode(sc)
 	c.list = confList(sc, "bench-"+c.name[:3], c.conf(sc.TempDir()))
 	c.cni = libcni.NewCNIConfigWithCacheDir([]string{skeintest.RefPluginDir}, sc.TempDir(), nil)
 }
@@ -161,8 +165,10 @@ type skeinContender struct {
 	d    *skeintest.Daemon
 }
 
-func newSkeinContender(dual bool) *skeinContender {
-	return &skeinContender{cniContender: cniContender{name: "skein"}, dual: dual}
+// newSkeinContender returns skein under name, with a dual-stack pool if
+// dual.
+func newSkeinContender(name string, dual bool) *skeinContender {
+	return &skeinContender{cniContender: cniContender{name: name}, dual: dual}
 }
 
 func (c *skeinContender) start(sc *scope) {
@@ -172,7 +178,7 @@ func (c *skeinContender) start(sc *scope) {
 	}
 	// info: no per-request log lines in the measured path (debug has them),
 	// but the startup reconcile's summary, which the restart reports.
-	c.d = skeintest.StartDaemon(sc, skeintest.Options{DefaultPool: pool, Args: []string{"--log-level", "info"}})
+	c.d = skeintest.StartDaemon(sc, skeintest.Options{Node: newNode(sc), DefaultPool: pool, Args: []string{"--log-level", "info"}})
 	c.n = c.d.Node
 	c.list = confList(sc, "bench-skein", map[string]any{"type": "skein", "socket": c.d.Socket})
 	c.cni = libcni.NewCNIConfigWithCacheDir([]string{c.d.BinDir}, sc.TempDir(), nil)
@@ -201,6 +207,7 @@ func (c *skeinContender) preload(ids []string, pods []*harness.NS) error {
 // raw netlink in-process (bench/floor_linux.go) — no IPAM, store, IPC or
 // process. Addresses come from a counter.
 type floorContender struct {
+	name string
 	// podDel deletes the veth from the pod's end, inside the pod's
 	// namespace (as bridge and ptp do), instead of from the node's end.
 	podDel bool
@@ -212,16 +219,11 @@ type floorContender struct {
 	names  map[string]string
 }
 
-func (c *floorContender) Name() string {
-	if c.podDel {
-		return "floor-poddel"
-	}
-	return "floor"
-}
+func (c *floorContender) Name() string      { return c.name }
 func (c *floorContender) node() *harness.NS { return c.n }
 
 func (c *floorContender) start(sc *scope) {
-	c.n = harness.NewNS(sc, "bnode")
+	c.n = newNode(sc)
 	f, closeF, err := NewFloor(c.n.Path())
 	if err != nil {
 		sc.Fatalf("floor: %v", err)
@@ -278,4 +280,48 @@ func parallel(workers, n int, fn func(i int) error) error {
 	}
 	wg.Wait()
 	return first
+}
+
+// execFloorContender: bench/execfloor, a static Go binary that prints a
+// canned result, through libcni from skein's binary directory and in the
+// node namespace, as skein is run. It touches no kernel state, so the
+// attachments "on its node" are none: its figures are the same at every
+// level, measured at each one all the same.
+type execFloorContender struct{ cniContender }
+
+func (c *execFloorContender) start(sc *scope) {
+	c.n = newNode(sc)
+	c.list = confList(sc, "bench-execfloor", map[string]any{"type": "execfloor"})
+	c.cni = libcni.NewCNIConfigWithCacheDir([]string{execFloorDir(sc)}, sc.TempDir(), nil)
+}
+
+// preload does nothing: the exec floor keeps no attachments.
+func (c *execFloorContender) preload(ids []string, pods []*harness.NS) error { return nil }
+
+// execFloorDir is the directory holding the execfloor binary: skein's
+// binary directory when `make build` put it there, else a temporary one it
+// is built into here, static and stripped as make builds.
+func execFloorDir(sc *scope) string {
+	dir := skeintest.Binaries(sc)
+	if _, err := os.Stat(filepath.Join(dir, "execfloor")); err == nil {
+		return dir
+	}
+	tmp := sc.TempDir()
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", tmp+"/", "./bench/execfloor")
+	cmd.Dir = moduleDir(sc)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		sc.Fatalf("build execfloor: %v\n%s", err, out)
+	}
+	return tmp
+}
+
+// moduleDir is the root of the skein module this command was built from.
+func moduleDir(sc *scope) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	mod := strings.TrimSpace(string(out))
+	if err != nil || mod == "" || mod == os.DevNull {
+		sc.Fatalf("no execfloor in %s and not inside the skein module to build it (go env GOMOD: %v)", skeintest.Binaries(sc), err)
+	}
+	return filepath.Dir(mod)
 }

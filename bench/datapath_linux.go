@@ -26,7 +26,7 @@ func measureDataPath(ctx context.Context, sc *scope, cfg Config, prog *progress)
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		sc.Fatalf("iperf3 is not installed (make deps installs it)")
 	}
-	s := newSkeinContender(false)
+	s := newSkeinContender(cSkein, false)
 	s.start(sc)
 	pa, pb := harness.NewNS(sc, "bdp"), harness.NewNS(sc, "bdp")
 	for _, p := range []struct {

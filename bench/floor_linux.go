@@ -5,6 +5,7 @@
 package bench
 
 import (
+	"crypto/rand"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,16 +15,19 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/netns"
 )
 
 // Floor does the kernel work of a skein attachment and nothing else — no
-// IPAM, no store, no IPC, no process — in as few netlink requests as the
-// dataplane makes: the veth pair in one request with the peer created in
-// the pod, the tag alias, the host side's sysctls and gateway address, the
-// host routes to the pod, and in the pod: link up, addresses, default
-// routes via the gateway. It is the limit any plugin of this design can
-// approach.
+// IPAM, no store, no IPC, no process — with the dataplane's recipe and in
+// as few netlink requests as it makes: the veth pair in one request with
+// the peer created in the pod, both ends down; the tag alias and the host
+// side's sysctls and IPv6 gateway (its own link-local address) while the
+// host end is down; the pod end up, then the host end; the host routes to
+// the pod; in the pod, addresses and default routes via the gateways. The
+// IPv4 gateway is one local route of the node, made by NewFloor. It is the
+// limit any plugin of this design can approach.
 //
 // Concurrent calls use netlink sockets of their own: vishvananda/netlink
 // holds a handle's socket for the whole of a request, so one shared
@@ -37,12 +41,18 @@ type Floor struct {
 }
 
 // NewFloor returns a floor plumber for the node namespace at nodePath and
-// a function that closes its sockets.
+// a function that closes its sockets. It makes the IPv4 gateway a local
+// address of the node, as dataplane.Init does.
 func NewFloor(nodePath string) (*Floor, func(), error) {
 	f := &Floor{nodePath: nodePath, idle: make(chan *netlink.Handle, 256)}
 	h, err := f.get() // fail now if the namespace is unusable
 	if err != nil {
 		return nil, nil, err
+	}
+	gw := &netlink.Route{LinkIndex: 1, Dst: netlink.NewIPNet(gw4.AsSlice()), Type: unix.RTN_LOCAL,
+		Scope: netlink.SCOPE_HOST, Table: unix.RT_TABLE_LOCAL}
+	if err := h.RouteReplace(gw); err != nil {
+		return nil, nil, fmt.Errorf("local route for %s: %w", gw4, err)
 	}
 	f.put(h)
 	return f, func() {
@@ -79,7 +89,7 @@ func (f *Floor) put(h *netlink.Handle) {
 	}
 }
 
-var gw4, gw6 = netip.MustParseAddr("169.254.1.1"), netip.MustParseAddr("fe80::1")
+var gw4 = netip.MustParseAddr("169.254.1.1")
 
 // Setup plumbs host link hostName to ifName in the pod at podPath. It is
 // safe for concurrent use.
@@ -100,7 +110,9 @@ func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) erro
 	}
 	defer nsf.Close()
 
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName, Flags: net.FlagUp, TxQLen: -1},
+	hostMAC := net.HardwareAddr{0x02, 0xf1, 0, 0, 0, 0}
+	_, _ = rand.Read(hostMAC[2:])
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName, HardwareAddr: hostMAC, TxQLen: -1},
 		PeerName: ifName, PeerTxQLen: -1, PeerNamespace: netlink.NsFd(nsf.Fd())}
 	if err := node.LinkAdd(veth); err != nil {
 		return fmt.Errorf("veth: %w", err)
@@ -112,21 +124,35 @@ func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) erro
 	for _, a := range addrs {
 		has4, has6 = has4 || a.Is4(), has6 || a.Is6()
 	}
+	var sysctls [][2]string
 	if has4 {
-		if err := netns.WriteSysctls(f.nodePath,
+		sysctls = append(sysctls,
 			[2]string{"net/ipv4/conf/" + hostName + "/proxy_arp", "1"},
-			[2]string{"net/ipv4/conf/" + hostName + "/forwarding", "1"}); err != nil {
-			return err
-		}
-		if err := node.AddrAdd(veth, &netlink.Addr{IPNet: netlink.NewIPNet(gw4.AsSlice()), Scope: unix.RT_SCOPE_LINK}); err != nil {
-			return err
-		}
+			[2]string{"net/ipv4/conf/" + hostName + "/forwarding", "1"},
+			[2]string{"net/ipv4/neigh/" + hostName + "/proxy_delay", "0"})
 	}
+	if !has6 {
+		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + hostName + "/disable_ipv6", "1"})
+	}
+	if err := netns.WriteSysctls(f.nodePath, sysctls...); err != nil {
+		return err
+	}
+	gw6 := dataplane.LinkLocal(hostMAC)
 	if has6 {
 		gw := &netlink.Addr{IPNet: &net.IPNet{IP: gw6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
 		if err := node.AddrAdd(veth, gw); err != nil {
 			return err
 		}
+	}
+	ctr, err := pod.LinkByName(ifName)
+	if err != nil {
+		return err
+	}
+	if err := pod.LinkSetUp(ctr); err != nil {
+		return err
+	}
+	if err := node.LinkSetUp(veth); err != nil {
+		return err
 	}
 	for _, a := range addrs {
 		host := &netlink.Route{LinkIndex: veth.Index, Dst: netlink.NewIPNet(a.AsSlice()), Table: 116}
@@ -136,14 +162,6 @@ func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) erro
 		if err := node.RouteAdd(host); err != nil {
 			return fmt.Errorf("host route %s: %w", a, err)
 		}
-	}
-
-	ctr, err := pod.LinkByName(ifName)
-	if err != nil {
-		return err
-	}
-	if err := pod.LinkSetUp(ctr); err != nil {
-		return err
 	}
 	for _, a := range addrs {
 		ad := &netlink.Addr{IPNet: netlink.NewIPNet(a.AsSlice())}

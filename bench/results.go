@@ -4,17 +4,20 @@ import "time"
 
 // Report is everything one run measured; results.json is its encoding.
 type Report struct {
-	Machine  Machine      `json:"machine"`
-	Config   Config       `json:"config"`
-	Started  time.Time    `json:"started"`
-	Seconds  float64      `json:"seconds"`
-	Latency  []LatencyRow `json:"latency"`
-	Preload  []PreloadRow `json:"preload"`
-	DataPath *DataPath    `json:"data_path,omitempty"`
-	Restart  *Restart     `json:"restart,omitempty"`
-	RSS      []RSSRow     `json:"skeind_rss"`
-	Errors   []string     `json:"errors,omitempty"`
-	order    []string     // contenders in run order
+	Machine Machine      `json:"machine"`
+	Config  Config       `json:"config"`
+	Started time.Time    `json:"started"`
+	Seconds float64      `json:"seconds"`
+	Latency []LatencyRow `json:"latency"`
+	// DualStack: skein and the floor with dual-stack pools at
+	// Config.DualLevels, c=1.
+	DualStack []LatencyRow `json:"dual_stack,omitempty"`
+	Preload   []PreloadRow `json:"preload"`
+	DataPath  *DataPath    `json:"data_path,omitempty"`
+	Restart   *Restart     `json:"restart,omitempty"`
+	RSS       []RSSRow     `json:"skeind_rss"`
+	Errors    []string     `json:"errors,omitempty"`
+	order     []string     // contenders in run order
 }
 
 // Machine identifies where the figures come from.

@@ -23,19 +23,7 @@ import (
 func Run(ctx context.Context, cfg Config, prog *progress) *Report {
 	rep := &Report{Config: cfg, Started: time.Now().UTC(), Machine: machine()}
 	baseNetNS := netnsObjects()
-	var cs []contender
-	for _, c := range []contender{&floorContender{dual: cfg.Dual}, &floorContender{dual: cfg.Dual, podDel: true},
-		newSkeinContender(cfg.Dual), bridgeContender(cfg.Dual), ptpContender(cfg.Dual)} {
-		// floor-poddel is an experiment, run only when named.
-		if len(cfg.Contenders) == 0 && c.Name() != "floor-poddel" || slices.Contains(cfg.Contenders, c.Name()) {
-			cs = append(cs, c)
-		}
-	}
-	for _, c := range cs {
-		if ctx.Err() != nil {
-			break
-		}
-		rep.order = append(rep.order, c.Name())
+	measure := func(c contender, cfg Config, rep *Report) {
 		sc := newScope(c.Name(), cfg.Verbose)
 		err := catch(func() { measureContender(ctx, sc, c, cfg, rep, prog) })
 		prog.setPhase("%s: removing its node and pods", c.Name())
@@ -44,6 +32,27 @@ func Run(ctx context.Context, cfg Config, prog *progress) *Report {
 		if err != nil {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", c.Name(), err))
 		}
+	}
+	for _, c := range contenders(cfg) {
+		if ctx.Err() != nil {
+			break
+		}
+		rep.order = append(rep.order, c.Name())
+		measure(c, cfg, rep)
+	}
+	// The dual-stack rows: skein and the floor again with IPv6 too, at
+	// c=1, each on a node of its own.
+	dcfg := cfg
+	dcfg.Levels, dcfg.Concurrency, dcfg.RestartTrials = cfg.DualLevels, []int{1}, 0
+	for _, c := range dualContenders(cfg) {
+		if ctx.Err() != nil {
+			break
+		}
+		part := &Report{}
+		measure(c, dcfg, part)
+		rep.DualStack = append(rep.DualStack, part.Latency...)
+		rep.Preload = append(rep.Preload, part.Preload...)
+		rep.Errors = append(rep.Errors, part.Errors...)
 	}
 	if ctx.Err() == nil && (len(cfg.Contenders) == 0 || slices.Contains(cfg.Contenders, "skein")) {
 		sc := newScope("data path", cfg.Verbose)
@@ -59,16 +68,60 @@ func Run(ctx context.Context, cfg Config, prog *progress) *Report {
 	return rep
 }
 
+// wanted reports whether cfg selects the contender called name; an empty
+// selection means every contender but the floor-poddel experiment.
+func wanted(cfg Config, name string) bool {
+	if len(cfg.Contenders) == 0 {
+		return name != "floor-poddel"
+	}
+	return slices.Contains(cfg.Contenders, name)
+}
+
+// contenders are the ones of the main matrix that cfg selects, in order.
+func contenders(cfg Config) []contender {
+	var cs []contender
+	for _, c := range []contender{
+		&floorContender{name: cFloor, dual: cfg.Dual},
+		&floorContender{name: "floor-poddel", dual: cfg.Dual, podDel: true},
+		&execFloorContender{cniContender{name: cExecFloor}},
+		newSkeinContender(cSkein, cfg.Dual), bridgeContender(cfg.Dual), ptpContender(cfg.Dual),
+	} {
+		if wanted(cfg, c.Name()) {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// dualContenders are the ones of the dual-stack rows: none when the whole
+// run is dual-stack already or no DualLevels are set.
+func dualContenders(cfg Config) []contender {
+	if cfg.Dual || len(cfg.DualLevels) == 0 {
+		return nil
+	}
+	var cs []contender
+	for _, c := range []contender{&floorContender{name: cFloorDual, dual: true}, newSkeinContender(cSkeinDual, true)} {
+		if wanted(cfg, c.Name()) {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
 // units estimates the work of a run, for the progress bar: one unit per
 // ADD+DEL pair, half a unit per preloaded attachment, fixed amounts for the
 // data path and restart.
-func units(cfg Config, contenders int) float64 {
+func units(cfg Config) float64 {
 	var u float64
-	top := 0
-	for _, l := range cfg.Levels {
-		top = max(top, l)
+	matrix := func(n int, levels []int, concs int) {
+		top := 0
+		for _, l := range levels {
+			top = max(top, l)
+		}
+		u += float64(n) * (float64(top)/2 + float64(cfg.Warmup) + float64(len(levels)*concs*cfg.Ops))
 	}
-	u += float64(contenders) * (float64(top)/2 + float64(cfg.Warmup) + float64(len(cfg.Levels)*len(cfg.Concurrency)*cfg.Ops))
+	matrix(len(contenders(cfg)), cfg.Levels, len(cfg.Concurrency))
+	matrix(len(dualContenders(cfg)), cfg.DualLevels, 1)
 	u += float64(cfg.RestartTrials) * 20
 	u += float64(2*cfg.IperfRounds*cfg.IperfSeconds)*10 + 20
 	return u
@@ -127,7 +180,7 @@ func measureContender(ctx context.Context, sc *scope, c contender, cfg Config, r
 			rep.Preload = append(rep.Preload, PreloadRow{Contender: name, Attachments: level, Seconds: time.Since(start).Seconds()})
 			loaded = level
 		}
-		if s, ok := c.(*skeinContender); ok {
+		if s, ok := c.(*skeinContender); ok && c.Name() == cSkein {
 			if kib, err := s.rss(); err == nil {
 				rep.RSS = append(rep.RSS, RSSRow{Attachments: loaded, KiB: kib, When: "after filling"})
 			}
@@ -278,11 +331,7 @@ var errNoPID = errors.New("skeind process not found")
 // place when tty) and writes the report into cfg.Out. The returned error
 // is about writing the report; failed steps are listed in Report.Errors.
 func Execute(ctx context.Context, cfg Config, progressOut io.Writer, tty bool) (*Report, error) {
-	n := 4
-	if len(cfg.Contenders) > 0 {
-		n = len(cfg.Contenders)
-	}
-	prog := newProgress(progressOut, tty, units(cfg, n))
+	prog := newProgress(progressOut, tty, units(cfg))
 	rep := Run(ctx, cfg, prog)
 	prog.finish()
 	return rep, rep.Write(cfg.Out)

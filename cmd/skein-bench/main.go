@@ -1,10 +1,11 @@
 // Command skein-bench measures skein side by side with the CNI reference
-// plugins (bridge+host-local, ptp+host-local) and the raw-netlink floor of
-// the same plumbing, on this machine in one run: ADD and DEL latency
-// through libcni at several node sizes and concurrencies, churn
-// throughput, pod-to-pod TCP against a bare veth pair, and skeind's
-// restart time and memory. It writes report.md, results.json and PNG
-// charts into -out, with a progress bar on stderr.
+// plugins (bridge+host-local, ptp+host-local), the raw-netlink floor of the
+// same plumbing and the exec floor (a Go plugin that only prints a canned
+// result), on this machine in one run: ADD and DEL latency through libcni
+// at several node sizes and concurrencies, churn throughput, skein and the
+// floor with dual-stack pools, pod-to-pod TCP against a bare veth pair, and
+// skeind's restart time and memory. It writes report.md, results.json and
+// PNG charts into -out, with a progress bar on stderr.
 //
 // It needs root and builds every node and pod as a throwaway network
 // namespace; the host's own network is never touched.
@@ -34,9 +35,10 @@ func main() {
 	bin := flag.String("bin", "", "directory with skein and skeind (default: build them from this checkout)")
 	levels := flag.String("levels", "", "attachments on the node, comma-separated (overrides the preset)")
 	conc := flag.String("concurrency", "", "concurrent runtime calls, comma-separated (overrides the preset)")
+	dualLevels := flag.String("dual-levels", "", "attachments on the node for the dual-stack rows, comma-separated (overrides the preset; \"none\": no such rows)")
 	ops := flag.Int("ops", 0, "ADD+DEL pairs per contender, level and concurrency (overrides the preset)")
 	dual := flag.Bool("dual", false, "give every contender IPv6 addresses too")
-	only := flag.String("contenders", "", "comma-separated subset of floor,skein,bridge+host-local,ptp+host-local")
+	only := flag.String("contenders", "", "comma-separated subset of floor,exec-floor,skein,bridge+host-local,ptp+host-local,floor-dual,skein-dual")
 	verbose := flag.Bool("v", false, "log the test bed's messages")
 	flag.Parse()
 
@@ -57,6 +59,15 @@ func main() {
 	if *conc != "" {
 		if cfg.Concurrency, err = ints(*conc); err != nil {
 			fail("-concurrency: %v", err)
+		}
+	}
+	switch *dualLevels {
+	case "":
+	case "none":
+		cfg.DualLevels = nil
+	default:
+		if cfg.DualLevels, err = ints(*dualLevels); err != nil {
+			fail("-dual-levels: %v", err)
 		}
 	}
 	if *ops > 0 {

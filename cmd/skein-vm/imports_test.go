@@ -13,7 +13,8 @@ func TestImports(t *testing.T) {
 		"google.golang.org/grpc", "google.golang.org/protobuf/reflect/protoregistry", "github.com/skeinnet/skein/api/rpc",
 		"github.com/vishvananda/netlink", "github.com/google/nftables", "github.com/insomniacslk/dhcp",
 		"go.etcd.io/bbolt", "github.com/prometheus/",
-		"github.com/skeinnet/skein/internal/daemon", "github.com/skeinnet/skein/internal/vm")
+		"github.com/skeinnet/skein/internal/daemon", "github.com/skeinnet/skein/internal/vm",
+		"github.com/containernetworking/cni/", "regexp", "google.golang.org/protobuf/") // see cmd/skein
 }
 
 func forbid(t *testing.T, pkg, name string, forbidden ...string) {

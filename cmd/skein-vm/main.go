@@ -6,6 +6,12 @@
 // serves the VM exactly the main plugin's result (see internal/vm). Like
 // the skein binary it makes its call with internal/cniclient, not grpc-go,
 // so it starts fast; imports_test.go keeps it so.
+//
+// The Go runtime would fit GOMAXPROCS to a container's CPU limit and keep
+// its cgroup files open to follow changes; a plugin that lives for a few
+// milliseconds has no use for that (it still reads them once at start).
+//
+//go:debug containermaxprocs=0
 package main
 
 import "github.com/skeinnet/skein/internal/cniplugin"

@@ -134,7 +134,7 @@ func newCommand() *cobra.Command {
 	f.BoolVar(&cfg.Dataplane.NodeForwarding, "node-forwarding", defaultNodeForwarding, "enable IPv4 and IPv6 forwarding in the node's namespace")
 	f.StringVar(&cfg.Dataplane.NodeNetNS, "node-netns", "", "path of the node's network namespace when skeind runs outside it (tests, tools); empty: skeind's own")
 	f.StringVar(&gw4, "gateway-v4", "169.254.1.1", "IPv4 gateway pods route through")
-	f.StringVar(&gw6, "gateway-v6", "fe80::1", "IPv6 gateway pods route through")
+	f.StringVar(&gw6, "gateway-v6", "fe80::1", "IPv6 gateway of attachments made before each pod routed through its host veth's own link-local address")
 	f.StringSliceVar(&defaultPool, "default-pool", nil, "create the \"default\" pool with these subnets if it does not exist (e.g. 10.64.0.0/16,fd00:64::/112)")
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")

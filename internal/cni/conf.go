@@ -14,6 +14,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/skeinnet/skein/internal/cnispec"
 )
 
 // SupportedVersions are the spec versions skein accepts: every version
@@ -22,7 +24,7 @@ import (
 // spec and libcni read it. Which verbs a version has (CHECK from 0.4.0,
 // GC and STATUS from 1.1.0) the plugin binaries enforce, before skeind is
 // called.
-var SupportedVersions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+var SupportedVersions = cnispec.Versions
 
 // LegacyResult reports whether results of spec version v have the shape
 // of 0.1.0 and 0.2.0: {"ip4", "ip6", "dns"}, one address per family, no

@@ -9,8 +9,8 @@
 // POST to /<service>/<method> with content-type application/grpc, the
 // message in a 5-byte length-prefixed frame, grpc-status/grpc-message
 // trailers. h2.go speaks that much HTTP/2 (header compression from
-// x/net/http2/hpack), the messages are encoded with protowire (no
-// registry). skeind serves the same service with grpc-go; the tests here
+// x/net/http2/hpack), the messages are encoded by wire.go (no
+// registry, no protobuf module). skeind serves the same service with grpc-go; the tests here
 // run this client against that real server.
 package cniclient
 
@@ -21,8 +21,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Request mirrors skein.v1.CNIRequest.
@@ -99,10 +97,10 @@ func CallService(ctx context.Context, socket, service, method string, req Reques
 // encodeRequest writes skein.v1.CNIRequest (field numbers from skein.proto).
 func encodeRequest(r Request) []byte {
 	var b []byte
-	str := func(num protowire.Number, s string) {
+	str := func(num int32, s string) {
 		if s != "" {
-			b = protowire.AppendTag(b, num, protowire.BytesType)
-			b = protowire.AppendString(b, s)
+			b = appendTag(b, num, wireBytes)
+			b = appendBytes(b, []byte(s))
 		}
 	}
 	str(1, r.ContainerID)
@@ -111,8 +109,8 @@ func encodeRequest(r Request) []byte {
 	str(4, r.Args)
 	str(5, r.Path)
 	if len(r.NetConf) > 0 {
-		b = protowire.AppendTag(b, 6, protowire.BytesType)
-		b = protowire.AppendBytes(b, r.NetConf)
+		b = appendTag(b, 6, wireBytes)
+		b = appendBytes(b, r.NetConf)
 	}
 	return b
 }
@@ -120,19 +118,19 @@ func encodeRequest(r Request) []byte {
 // decodeReply reads skein.v1.CNIReply, skipping unknown fields.
 func decodeReply(b []byte) (*Reply, error) {
 	r := &Reply{}
-	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error {
+	err := fields(b, func(num int32, typ int, v []byte, n uint64) error {
 		switch {
-		case num == 1 && typ == protowire.BytesType:
+		case num == 1 && typ == wireBytes:
 			r.Result = append([]byte(nil), v...)
-		case num == 2 && typ == protowire.BytesType:
+		case num == 2 && typ == wireBytes:
 			r.Error = &Error{}
-			return fields(v, func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error {
+			return fields(v, func(num int32, typ int, v []byte, n uint64) error {
 				switch {
-				case num == 1 && typ == protowire.VarintType:
+				case num == 1 && typ == wireVarint:
 					r.Error.Code = uint32(n)
-				case num == 2 && typ == protowire.BytesType:
+				case num == 2 && typ == wireBytes:
 					r.Error.Msg = string(v)
-				case num == 3 && typ == protowire.BytesType:
+				case num == 3 && typ == wireBytes:
 					r.Error.Details = string(v)
 				}
 				return nil
@@ -145,27 +143,16 @@ func decodeReply(b []byte) (*Reply, error) {
 
 // fields walks a protobuf message, calling f with each field's bytes (for
 // length-delimited fields) or value (varints).
-func fields(b []byte, f func(protowire.Number, protowire.Type, []byte, uint64) error) error {
+func fields(b []byte, f func(num int32, typ int, v []byte, val uint64) error) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return &StatusError{Code: 13, Message: "malformed reply: " + protowire.ParseError(n).Error()}
+		num, typ, n, err := consumeTag(b)
+		if err != nil {
+			return &StatusError{Code: 13, Message: "malformed reply: " + err.Error()}
 		}
 		b = b[n:]
-		var (
-			v   []byte
-			val uint64
-		)
-		switch typ {
-		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(b)
-		case protowire.VarintType:
-			val, n = protowire.ConsumeVarint(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return &StatusError{Code: 13, Message: "malformed reply: " + protowire.ParseError(n).Error()}
+		v, val, n, err := consumeValue(num, typ, b, maxGroupDepth)
+		if err != nil {
+			return &StatusError{Code: 13, Message: "malformed reply: " + err.Error()}
 		}
 		b = b[n:]
 		if err := f(num, typ, v, val); err != nil {

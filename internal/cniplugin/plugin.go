@@ -1,9 +1,10 @@
 // Package cniplugin is the whole of skein's CNI plugin binaries (skein and
-// skein-vm): parse the runtime's request with skel, forward it in one timed
-// gRPC call to one of skeind's services, print skeind's answer or a spec
-// error carrying the configuration's cniVersion. It stays small and links
-// nothing heavy (see internal/cniclient and the binaries' imports tests):
-// the binaries are exec'd for every ADD and DEL.
+// skein-vm): read the runtime's request as the CNI library's skel would
+// (dispatch.go), forward it in one timed gRPC call to one of skeind's
+// services, print skeind's answer or a spec error carrying the
+// configuration's cniVersion. It stays small and links nothing heavy (see
+// internal/cniclient and the binaries' imports tests): the binaries are
+// exec'd for every ADD and DEL.
 package cniplugin
 
 import (
@@ -16,11 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/version"
-
-	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/cniclient"
 )
 
@@ -44,45 +40,51 @@ type Plugin struct {
 
 // Main runs the plugin and exits.
 func Main(p Plugin) {
-	confVersion := peekVersion()
-	if e := skel.PluginMainFuncsWithError(skel.CNIFuncs{
+	confVersion := ""
+	stdin := io.Reader(os.Stdin)
+	if os.Getenv("CNI_COMMAND") != "" {
+		// Read ahead so that an error can carry the configuration's
+		// cniVersion, as the spec's error format asks. Without
+		// CNI_COMMAND only the "about" lines are printed.
+		data, err := io.ReadAll(os.Stdin)
+		if err == nil {
+			confVersion = versionOf(data)
+		}
+		stdin = &readResult{data: data, err: err}
+	}
+	if e := dispatch(os.Getenv, stdin, os.Stdout, os.Stderr, Verbs{
 		Add:    p.call("ADD"),
 		Del:    p.call("DEL"),
 		Check:  p.call("CHECK"),
 		GC:     p.call("GC"),
 		Status: p.call("STATUS"),
-	}, version.PluginSupports(cni.SupportedVersions...), p.About); e != nil {
+	}, p.About); e != nil {
 		printError(confVersion, e)
 		os.Exit(1)
 	}
 }
 
-// peekVersion reads the configuration on stdin ahead of skel so that an
-// error can carry its cniVersion, as the spec's error format asks (skel's
-// own printer leaves it out); skel then reads the same bytes from a pipe.
-// Without CNI_COMMAND skel prints its "about" line and reads nothing.
-// A configuration that decodes but names no version is 0.1.0; "" means
-// it could not be read.
-func peekVersion() string {
-	if os.Getenv("CNI_COMMAND") == "" {
-		return ""
-	}
-	data, err := io.ReadAll(os.Stdin)
-	r, w, perr := os.Pipe()
-	if perr != nil {
-		return ""
-	}
-	go func() {
-		_, _ = w.Write(data)
-		w.Close()
-	}()
-	os.Stdin = r
-	if err != nil {
-		return ""
-	}
-	return versionOf(data)
+// readResult replays what reading stdin gave: the bytes, then its error.
+type readResult struct {
+	data []byte
+	err  error
 }
 
+func (r *readResult) Read(b []byte) (int, error) {
+	if len(r.data) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		return 0, io.EOF
+	}
+	n := copy(b, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// versionOf is the version an error is reported in: the configuration's;
+// a configuration that decodes but names none is 0.1.0; "" means it could
+// not be read.
 func versionOf(conf []byte) string {
 	var c struct {
 		CNIVersion string `json:"cniVersion"`
@@ -99,7 +101,7 @@ func versionOf(conf []byte) string {
 // printError writes the spec's error object to stdout. When the
 // configuration gave no version (it could not be decoded) the newest one
 // skein speaks is named.
-func printError(confVersion string, e *types.Error) {
+func printError(confVersion string, e *Error) {
 	if confVersion == "" {
 		confVersion = "1.1.0"
 	}
@@ -117,7 +119,7 @@ func SocketPath(stdin []byte) string {
 	var c struct {
 		Socket string `json:"socket"`
 	}
-	_ = json.Unmarshal(stdin, &c) // skel already rejected undecodable input
+	_ = json.Unmarshal(stdin, &c) // dispatch already rejected undecodable input
 	if c.Socket != "" {
 		return c.Socket
 	}
@@ -130,8 +132,8 @@ func SocketPath(stdin []byte) string {
 // methods maps CNI verbs onto the services' methods.
 var methods = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "GC": "GC", "STATUS": "Status"}
 
-func (p Plugin) call(verb string) func(*skel.CmdArgs) error {
-	return func(args *skel.CmdArgs) error {
+func (p Plugin) call(verb string) func(*Args) error {
+	return func(args *Args) error {
 		if verb == "ADD" || verb == "CHECK" {
 			if err := notOwnNetNS(args.Netns); err != nil {
 				return err
@@ -152,11 +154,11 @@ func (p Plugin) call(verb string) func(*skel.CmdArgs) error {
 			return p.rpcError(verb, sock, err)
 		}
 		if e := reply.Error; e != nil {
-			return types.NewError(uint(e.Code), e.Msg, e.Details)
+			return newError(uint(e.Code), e.Msg, e.Details)
 		}
 		if len(reply.Result) > 0 {
 			if _, err := os.Stdout.Write(reply.Result); err != nil {
-				return types.NewError(types.ErrIOFailure, "write result: "+err.Error(), "")
+				return newError(errIOFailure, "write result: "+err.Error(), "")
 			}
 		}
 		return nil
@@ -177,21 +179,21 @@ func (p Plugin) rpcError(verb, sock string, err error) error {
 		if msg == "" {
 			msg = "skeind at " + sock + " does not serve " + p.Service
 		}
-		return types.NewError(types.ErrPluginNotAvailable, msg, err.Error())
+		return newError(errPluginNotAvailable, msg, err.Error())
 	case errors.As(err, &se) && se.Code == cniclient.CodeDeadlineExceeded:
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, CallTimeout), "")
+		return newError(errTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, CallTimeout), "")
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("skeind failed %s: %v", verb, err), "")
+	return newError(errInternal, fmt.Sprintf("skeind failed %s: %v", verb, err), "")
 }
 
 // unreachable: STATUS reports the plugin unavailable (50); other verbs ask
 // the runtime to retry (11), so nothing is forgotten while skeind restarts.
 func unreachable(verb, sock string, err error) error {
-	code := uint(types.ErrTryAgainLater)
+	code := uint(errTryAgainLater)
 	if verb == "STATUS" {
-		code = types.ErrPluginNotAvailable
+		code = errPluginNotAvailable
 	}
-	return types.NewError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
+	return newError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
 }
 
 // notOwnNetNS refuses a CNI_NETNS that is the namespace the plugin itself
@@ -205,7 +207,7 @@ func notOwnNetNS(path string) error {
 		return nil // skeind reports a missing or unreadable namespace
 	}
 	if pod.Dev == self.Dev && pod.Ino == self.Ino {
-		return types.NewError(types.ErrInvalidEnvironmentVariables,
+		return newError(errInvalidEnvironmentVariables,
 			fmt.Sprintf("CNI_NETNS %q is the network namespace the runtime runs the plugin in, not a pod's: refusing to plumb a pod interface into it", path), "")
 	}
 	return nil

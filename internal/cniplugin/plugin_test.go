@@ -4,8 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/skeinnet/skein/internal/cniclient"
 )
 
@@ -30,15 +28,15 @@ func TestRPCErrorCodes(t *testing.T) {
 		err  error
 		code uint
 	}{
-		{"ADD", errors.Join(cniclient.ErrUnavailable), types.ErrTryAgainLater},
-		{"STATUS", errors.Join(cniclient.ErrUnavailable), types.ErrPluginNotAvailable},
-		{"DEL", &cniclient.StatusError{Code: cniclient.CodeUnavailable}, types.ErrTryAgainLater},
-		{"ADD", &cniclient.StatusError{Code: cniclient.CodeDeadlineExceeded}, types.ErrTryAgainLater},
-		{"ADD", &cniclient.StatusError{Code: codeUnimplemented}, types.ErrPluginNotAvailable},
-		{"ADD", &cniclient.StatusError{Code: 13, Message: "boom"}, types.ErrInternal},
+		{"ADD", errors.Join(cniclient.ErrUnavailable), errTryAgainLater},
+		{"STATUS", errors.Join(cniclient.ErrUnavailable), errPluginNotAvailable},
+		{"DEL", &cniclient.StatusError{Code: cniclient.CodeUnavailable}, errTryAgainLater},
+		{"ADD", &cniclient.StatusError{Code: cniclient.CodeDeadlineExceeded}, errTryAgainLater},
+		{"ADD", &cniclient.StatusError{Code: codeUnimplemented}, errPluginNotAvailable},
+		{"ADD", &cniclient.StatusError{Code: 13, Message: "boom"}, errInternal},
 	}
 	for _, c := range cases {
-		e := p.rpcError(c.verb, "/s.sock", c.err).(*types.Error)
+		e := p.rpcError(c.verb, "/s.sock", c.err).(*Error)
 		if e.Code != c.code || e.Msg == "" {
 			t.Errorf("%s %v: code %d %q, want %d", c.verb, c.err, e.Code, e.Msg, c.code)
 		}
@@ -68,8 +66,8 @@ func TestVersionOf(t *testing.T) {
 func TestNotOwnNetNS(t *testing.T) {
 	for _, p := range []string{"/proc/self/ns/net", "/proc/thread-self/ns/net"} {
 		err := notOwnNetNS(p)
-		var e *types.Error
-		if !errors.As(err, &e) || e.Code != types.ErrInvalidEnvironmentVariables {
+		var e *Error
+		if !errors.As(err, &e) || e.Code != errInvalidEnvironmentVariables {
 			t.Errorf("CNI_NETNS=%s: %v, want error code 4", p, err)
 		}
 	}

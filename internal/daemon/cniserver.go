@@ -116,7 +116,7 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 		Sandbox:      req.Netns,
 		Addrs:        a.Addrs,
 		GatewayV4:    s.d.dpConfig.GatewayV4,
-		GatewayV6:    s.d.dpConfig.GatewayV6,
+		GatewayV6:    ap.GatewayV6,
 	})
 	if err == nil {
 		var out []byte

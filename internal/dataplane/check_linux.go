@@ -13,7 +13,7 @@ import (
 )
 
 // Check verifies that l is plumbed as Setup left it: the host veth exists
-// with l.Alias, is up and holds the gateway addresses; its peer is l.IfName
+// with l.Alias, is up and holds the IPv6 gateway; its peer is l.IfName
 // in l.NetNS, up, with every address of l as a /32 or /128 and default
 // routes via the gateways; PodTable routes every address to the host veth.
 // It returns nil, or an error wrapping ErrMismatch that lists everything
@@ -61,8 +61,14 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("list host veth addresses: %w", err)
 	}
-	if v6 && !hasAddr(hostAddrs, d.cfg.GatewayV6, 64) {
-		miss("host veth lacks gateway %s/64", d.cfg.GatewayV6)
+	// The IPv6 gateway is the host veth's own link-local address, or on a
+	// link made before that, the shared legacy one (Config.GatewayV6).
+	gw6 := LinkLocal(ha.HardwareAddr)
+	if v6 && !hasAddr(hostAddrs, gw6, 64) && hasAddr(hostAddrs, d.cfg.GatewayV6, 64) {
+		gw6 = d.cfg.GatewayV6
+	}
+	if v6 && !hasAddr(hostAddrs, gw6, 64) {
+		miss("host veth lacks its link-local gateway %s/64", gw6)
 	}
 	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL,
 		&netlink.Route{Table: d.cfg.PodTable, LinkIndex: ha.Index},
@@ -119,8 +125,8 @@ func (d *Dataplane) Check(l Link) (retErr error) {
 	if v4 && !hasRoute(ctrRoutes, netip.PrefixFrom(netip.IPv4Unspecified(), 0), d.cfg.GatewayV4) {
 		miss("no pod default route via %s", d.cfg.GatewayV4)
 	}
-	if v6 && !hasRoute(ctrRoutes, netip.PrefixFrom(netip.IPv6Unspecified(), 0), d.cfg.GatewayV6) {
-		miss("no pod default route via %s", d.cfg.GatewayV6)
+	if v6 && !hasRoute(ctrRoutes, netip.PrefixFrom(netip.IPv6Unspecified(), 0), gw6) {
+		miss("no pod default route via %s", gw6)
 	}
 	return done()
 }

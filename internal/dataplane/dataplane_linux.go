@@ -39,8 +39,13 @@ type Config struct {
 	// the same address on every host veth would make each new veth cost
 	// O(attachments) in the kernel's address hash.
 	GatewayV4 netip.Addr
-	// GatewayV6 is the pods' IPv6 gateway, a link-local address put as a /64
-	// without DAD on every host veth. Default fe80::1.
+	// GatewayV6 is the IPv6 gateway of attachments made before each host
+	// veth's own link-local address became its pod's gateway (see the
+	// package doc): it was put, as a /64 without DAD, on every host veth,
+	// which made each new veth cost O(attachments) in the kernel. New
+	// attachments do not use it; Check accepts it on links that still
+	// carry it, and front doors hand it out for such links. Default
+	// fe80::1.
 	GatewayV6 netip.Addr
 	// MTU of new veth pairs when a Link does not set one. 0 means the MTU of
 	// the node's uplink (the link of the default route in NodeNetNS, IPv4
@@ -134,6 +139,8 @@ type Dataplane struct {
 	// switch (Linux 6.17+). /proc/sys/net/ipv6/conf/all exists in every
 	// namespace, so asking in the caller's is enough.
 	forceForwarding6 bool
+	// hasIPv6: the kernel has IPv6 (not booted with ipv6.disable=1).
+	hasIPv6 bool
 }
 
 // New validates cfg, fills its defaults, opens a netlink socket in the node
@@ -156,6 +163,9 @@ func New(cfg Config) (_ *Dataplane, retErr error) {
 	d := &Dataplane{cfg: cfg, h: h, closeH: closeH, mtu: cfg.MTU}
 	if _, err := os.Stat("/proc/sys/net/ipv6/conf/all/force_forwarding"); err == nil {
 		d.forceForwarding6 = true
+	}
+	if _, err := os.Stat("/proc/sys/net/ipv6/conf/all/disable_ipv6"); err == nil {
+		d.hasIPv6 = true
 	}
 	if d.mtu == 0 {
 		if d.mtu, err = d.uplinkMTU(); err != nil {

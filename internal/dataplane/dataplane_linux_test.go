@@ -502,3 +502,117 @@ func TestConcurrentSetup(t *testing.T) {
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, node))
 }
+
+// TestGatewayPerLink: a dual-stack pod's IPv6 gateway is its own host
+// veth's link-local address (no address is shared between host veths, so a
+// new veth costs the kernel no more on a full node), the pod routes and
+// pings through it; an IPv4-only host veth has no IPv6 at all; and a link
+// made the old way, with the shared GatewayV6, still passes Check.
+func TestGatewayPerLink(t *testing.T) {
+	harness.RequireRoot(t)
+	node, d := newNode(t, dataplane.Config{NodeForwarding: true})
+	before := harness.Snapshot(t, node)
+	pods := []*harness.NS{harness.NewNS(t, "gwa"), harness.NewNS(t, "gwb"), harness.NewNS(t, "gwc")}
+	links := []dataplane.Link{
+		podLink(pods[0], 1, "10.100.0.5", "fd00:100::5"),
+		podLink(pods[1], 2, "10.100.0.6", "fd00:100::6"),
+		podLink(pods[2], 3, "10.100.0.7"),
+	}
+	nh := node.Handle(t)
+	gws := map[netip.Addr]bool{}
+	for i, l := range links {
+		ap, err := d.Setup(l)
+		if err != nil {
+			t.Fatalf("Setup %s: %v", l.HostName, err)
+		}
+		t.Cleanup(func() { _ = d.Teardown(l.HostName, l.NetNS, l.IfName, l.Addrs) })
+		host, err := nh.LinkByName(l.HostName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs6, err := nh.AddrList(host, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 { // IPv4 only
+			if ap.GatewayV6.IsValid() || len(addrs6) != 0 {
+				t.Errorf("IPv4-only host veth: gateway %v and IPv6 addresses %v, want none", ap.GatewayV6, addrs6)
+			}
+			if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6"); err == nil && len(b) > 0 {
+				var v string
+				_ = node.Do(func() error {
+					b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + l.HostName + "/disable_ipv6")
+					v = strings.TrimSpace(string(b))
+					return err
+				})
+				if v != "1" {
+					t.Errorf("IPv4-only host veth: disable_ipv6 = %q, want 1", v)
+				}
+			}
+			continue
+		}
+		want := dataplane.LinkLocal(host.Attrs().HardwareAddr)
+		if ap.GatewayV6 != want || !want.IsLinkLocalUnicast() || gws[want] {
+			t.Errorf("Applied.GatewayV6 = %v, want the host veth's own link-local %v, distinct per link", ap.GatewayV6, want)
+		}
+		gws[want] = true
+		if len(addrs6) != 1 || addrs6[0].IP.String() != want.String() {
+			t.Errorf("host veth %s IPv6 addresses %v, want only %v/64", l.HostName, addrs6, want)
+		}
+		routes, err := pods[i].Handle(t).RouteList(nil, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, r := range routes {
+			found = found || (r.Dst == nil || r.Dst.String() == "::/0") && r.Gw.String() == want.String()
+		}
+		if !found {
+			t.Errorf("pod %s has no default route via %v: %v", pods[i].Name(), want, routes)
+		}
+		if out, err := pods[i].Exec(t, "ping", "-6", "-c1", "-W2", want.String()+"%eth0"); err != nil {
+			t.Errorf("pod %s should reach its gateway %v: %v\n%s", pods[i].Name(), want, err, out)
+		}
+	}
+	mustPing(t, pods[0], netip.MustParseAddr("fd00:100::6"))
+	mustPing(t, pods[2], netip.MustParseAddr("10.100.0.5"))
+	mustPing(t, pods[2], dataplane.DefaultGatewayV4)
+
+	// A link as earlier versions made it: the shared GatewayV6 on the host
+	// veth and the pod's default route via it.
+	l := links[1]
+	host, _ := nh.LinkByName(l.HostName)
+	own := dataplane.LinkLocal(host.Attrs().HardwareAddr)
+	if err := nh.AddrDel(host, &netlink.Addr{IPNet: &net.IPNet{IP: own.AsSlice(), Mask: net.CIDRMask(64, 128)}}); err != nil {
+		t.Fatal(err)
+	}
+	legacy := dataplane.DefaultGatewayV6
+	if err := nh.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: legacy.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatal(err)
+	}
+	ph := pods[1].Handle(t)
+	eth0, err := ph.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ph.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: legacy.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Check(l); err != nil {
+		t.Errorf("Check of a link with the legacy shared gateway: %v", err)
+	}
+	mustPing(t, pods[1], netip.MustParseAddr("fd00:100::5"))
+	if err := ph.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: legacy.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Check(l); !errors.Is(err, dataplane.ErrMismatch) || !strings.Contains(err.Error(), "no pod default route via fe80::1") {
+		t.Errorf("Check without the pod's default route = %v, want ErrMismatch naming the route", err)
+	}
+
+	for _, l := range links {
+		if err := d.Teardown(l.HostName, l.NetNS, l.IfName, l.Addrs); err != nil {
+			t.Errorf("Teardown %s: %v", l.HostName, err)
+		}
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, node))
+}

@@ -9,20 +9,27 @@
 //
 // A pod gets its address as a /32 (/128) on its eth0, so it has no on-link
 // subnet: every destination, even a pod on the same node, is reached through
-// the default route, and that default route points at a link-local gateway,
-// 169.254.1.1 "onlink" for IPv4 and fe80::1 for IPv6. No pod ever needs to
-// ARP for another pod or for a real router; it only ever resolves the
-// gateway.
+// the default route, and that default route points at a link-local gateway:
+// 169.254.1.1 "onlink" for IPv4, and for IPv6 the host veth's own
+// link-local address. No pod ever needs to ARP for another pod or for a real
+// router; it only ever resolves the gateway.
 //
-// The host answers for the gateway on every host-side veth: each one carries
-// 169.254.1.1/32 and fe80::1/64 (without DAD, as the same address is
-// deliberately on many links). Because the address is local to the node, the
-// kernel answers ARP and neighbour solicitations for it on whichever veth
-// asks, so the gateway address is the same for every pod and costs no
-// allocation. Proxy ARP on the host veth additionally makes the host answer
-// ARP for any address, so a runtime that imposes a wider prefix (Docker hands
-// out a /24 and then ARPs for neighbours directly) still sends everything to
-// the host.
+// The host answers for the gateway on every host-side veth, and neither
+// gateway makes a new veth cost more as the node fills up. 169.254.1.1 is
+// on no interface: it is one local route of the node (Init), and proxy ARP
+// on each host veth answers for it. Proxy ARP additionally makes the host
+// answer ARP for any address, so a runtime that imposes a wider prefix
+// (Docker hands out a /24 and then ARPs for neighbours directly) still
+// sends everything to the host. For IPv6 the same address on every veth
+// would share one bucket of the kernel's address hash and one node of its
+// routing tree, each walked in full by every new veth; so each host veth's
+// gateway is its own EUI-64 link-local address (LinkLocal of the MAC Setup
+// chooses), which the kernel would give it anyway. Setup installs it at
+// once, without DAD (the only other address on the link is the pod's,
+// from a different MAC), so that it answers neighbour solicitations and
+// sources the host's own before the pod can send anything. The pod's
+// default route names it, and so do the front doors: Docker Join, and a VM's
+// router advertisements, which are sent from the pod's gateway address.
 //
 // Packets reach the host on the pod's veth and are routed like any other:
 // the host holds one route per pod address, "addr dev <host veth> scope
@@ -39,6 +46,17 @@
 // have net.ipv6.conf.all.forwarding=1 (Config.NodeForwarding), and on 6.17+
 // the host veth's force_forwarding is set so that pod traffic is forwarded
 // either way.
+//
+// # Link events
+//
+// Linux walks the node's whole IPv6 routing table on several events of any
+// IPv6-enabled link: a link becoming ready (carrier), a link changed while
+// up without carrier (setting an alias is enough), a link going down. With
+// thousands of attachments those walks dominate an ADD. So Setup creates the
+// pair down, tags and addresses the host end while it is down (no events),
+// brings the pod end up and then the host end, which becomes ready once,
+// with its carrier; and a host veth that carries no IPv6 address gets
+// disable_ipv6, so IPv4-only attachments add nothing to that table.
 //
 // # Tags
 //

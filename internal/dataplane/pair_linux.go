@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -25,14 +26,19 @@ type Pair struct {
 	Addrs    []netip.Addr     // container addresses, routed to the host veth in PodTable
 	MTU      int              // 0 = Config.MTU (or the uplink's)
 	PeerMAC  net.HardwareAddr // optional MAC of the peer
+	// HostMAC is the optional MAC of the host veth (random if nil). It
+	// decides the container's IPv6 gateway, LinkLocal(HostMAC), which a
+	// runtime may need to know before SetupPair returns.
+	HostMAC net.HardwareAddr
 }
 
 // SetupPair plumbs p in the node namespace: a veth pair with both ends
 // there, the host end tagged with p.Alias, up, with proxy ARP (without the
 // proxy delay: Docker gives containers a /24 and they ARP for neighbours
 // directly, so the first packet to each neighbour waits for that reply),
-// per-interface forwarding, the gateway addresses and one PodTable route
-// per address. The peer is left down and unaddressed: its runtime moves it.
+// per-interface forwarding, its link-local address as the IPv6 gateway
+// (Applied.GatewayV6) and one PodTable route per address. The peer is left
+// down and unaddressed: its runtime moves it.
 //
 // Like Setup it is all-or-nothing: on any failure the pair is deleted (which
 // takes its addresses and routes with it) and an *Error is returned. A taken
@@ -55,22 +61,27 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 	if p.HostName == p.PeerName {
 		return Applied{}, fmt.Errorf("host and peer are both named %q: %w", p.HostName, ErrInvalid)
 	}
+	if p.HostMAC != nil && (!unicastMAC(p.HostMAC) || bytes.Equal(p.HostMAC, p.PeerMAC)) {
+		return Applied{}, fmt.Errorf("host mac %s is not a unicast ethernet address distinct from the peer's: %w", p.HostMAC, ErrInvalid)
+	}
 	h, put, err := d.acquire()
 	if err != nil {
 		return Applied{}, err
 	}
 	defer put()
 
-	// 1. The pair, in one request, host end up.
-	hostMAC := randomMAC()
+	// 1. The pair, in one request, both ends down (see Setup).
 	peerMAC := p.PeerMAC
 	if peerMAC == nil {
 		peerMAC = randomMAC()
 	}
+	hostMAC := p.HostMAC
+	if hostMAC == nil {
+		hostMAC = hostMACFor(peerMAC)
+	}
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name, attrs.MTU = p.HostName, mtu
 	attrs.HardwareAddr = hostMAC
-	attrs.Flags = net.FlagUp
 	veth := &netlink.Veth{
 		LinkAttrs:        attrs,
 		PeerName:         p.PeerName,
@@ -103,8 +114,12 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 		return Applied{}, fmt.Errorf("set alias of host veth: %w", err)
 	}
 
-	// 2. Host side, as Setup does it.
-	if err := d.programHostSide(h, veth, p.HostName, p.Addrs, v4, v6); err != nil {
+	// 2. Host side, as Setup does it; the peer stays down until its
+	// runtime moves it.
+	if err := d.prepareHostSide(h, veth, v4, v6); err != nil {
+		return Applied{}, err
+	}
+	if err := d.upHostSide(h, veth, p.Addrs); err != nil {
 		return Applied{}, err
 	}
 
@@ -112,19 +127,26 @@ func (d *Dataplane) SetupPair(p Pair) (_ Applied, retErr error) {
 	if err != nil {
 		return Applied{}, fmt.Errorf("find peer %s: %w", p.PeerName, err)
 	}
-	return Applied{
+	ap := Applied{
 		HostIndex:      hostIndex,
 		HostMAC:        hostMAC,
 		ContainerIndex: peer.Attrs().Index,
 		ContainerMAC:   peer.Attrs().HardwareAddr,
 		MTU:            mtu,
-	}, nil
+	}
+	if v6 {
+		ap.GatewayV6 = LinkLocal(hostMAC)
+	}
+	return ap, nil
 }
 
-// programHostSide makes the host veth answer for the gateways (proxy ARP for
-// GatewayV4, the address itself for GatewayV6), forward, and receive the pod
-// addresses through PodTable.
-func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name string, addrs []netip.Addr, v4, v6 bool) error {
+// prepareHostSide readies the host veth while it is still down: IPv4
+// answers ARP for the gateway (proxy ARP, GatewayV4 being a local address
+// of the node) and forwards; IPv6 gets the veth's own link-local address,
+// the pods' gateway, at once and without DAD; a veth without IPv6
+// addresses gets no IPv6 at all.
+func (d *Dataplane) prepareHostSide(h *netlink.Handle, veth netlink.Link, v4, v6 bool) error {
+	name := veth.Attrs().Name
 	var sysctls [][2]string
 	if v4 {
 		sysctls = append(sysctls,
@@ -135,8 +157,14 @@ func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name s
 		// proxy ARP, so the delay must go.
 		sysctls = append(sysctls, [2]string{"net/ipv4/neigh/" + name + "/proxy_delay", "0"})
 	}
-	if v6 && d.forceForwarding6 {
+	switch {
+	case v6 && d.forceForwarding6:
 		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + name + "/force_forwarding", "1"})
+	case !v6 && d.hasIPv6:
+		// Every IPv6-enabled link adds routes to the node's IPv6 table
+		// (its link-local address, fe80::/64, ff00::/8) that the kernel
+		// walks on every later link event; an IPv4-only veth adds none.
+		sysctls = append(sysctls, [2]string{"net/ipv6/conf/" + name + "/disable_ipv6", "1"})
 	}
 	if len(sysctls) > 0 {
 		if err := netns.WriteSysctls(d.cfg.NodeNetNS, sysctls...); err != nil {
@@ -144,10 +172,20 @@ func (d *Dataplane) programHostSide(h *netlink.Handle, veth netlink.Link, name s
 		}
 	}
 	if v6 {
-		gw := &netlink.Addr{IPNet: &net.IPNet{IP: d.cfg.GatewayV6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := h.AddrAdd(veth, gw); err != nil {
-			return fmt.Errorf("add gateway %s to host veth: %w", d.cfg.GatewayV6, err)
+		gw := LinkLocal(veth.Attrs().HardwareAddr)
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: gw.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := h.AddrAdd(veth, a); err != nil {
+			return fmt.Errorf("add gateway %s to host veth: %w", gw, err)
 		}
+	}
+	return nil
+}
+
+// upHostSide brings the host veth up and routes the pod addresses to it in
+// PodTable (an IPv4 route needs its link up).
+func (d *Dataplane) upHostSide(h *netlink.Handle, veth netlink.Link, addrs []netip.Addr) error {
+	if err := h.LinkSetUp(veth); err != nil {
+		return fmt.Errorf("set host veth up: %w", err)
 	}
 	for _, a := range addrs {
 		r := &netlink.Route{LinkIndex: veth.Attrs().Index, Dst: hostNet(a), Table: d.cfg.PodTable, Protocol: netlink.RouteProtocol(d.cfg.PodRouteProto)}

@@ -19,7 +19,7 @@ import (
 // mask (a /24 and a /64, not /32 and /128), bring it up, add the connected
 // route to the gateway and the static routes the driver returned, then the
 // default routes.
-func moveLikeDocker(t *testing.T, node, pod *harness.NS, peer string, v4, v6 netip.Prefix) {
+func moveLikeDocker(t *testing.T, node, pod *harness.NS, peer string, v4, v6 netip.Prefix, gw6 netip.Addr) {
 	t.Helper()
 	nh, ph := node.Handle(t), pod.Handle(t)
 	l, err := nh.LinkByName(peer)
@@ -54,7 +54,7 @@ func moveLikeDocker(t *testing.T, node, pod *harness.NS, peer string, v4, v6 net
 		t.Fatal(err)
 	}
 	idx := l.Attrs().Index
-	gw4, gw6 := dataplane.DefaultGatewayV4, dataplane.DefaultGatewayV6
+	gw4 := dataplane.DefaultGatewayV4
 	routes := []*netlink.Route{
 		{LinkIndex: idx, Dst: &net.IPNet{IP: gw4.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK},
 		{LinkIndex: idx, Gw: gw4.AsSlice()},
@@ -110,7 +110,10 @@ func TestPairMovedLikeDocker(t *testing.T) {
 		if peer.Attrs().Flags&net.FlagUp != 0 || peer.Attrs().Index != ap.ContainerIndex {
 			t.Errorf("peer %s: want down with index %d, got flags %v index %d", p.PeerName, ap.ContainerIndex, peer.Attrs().Flags, peer.Attrs().Index)
 		}
-		moveLikeDocker(t, node, pod, p.PeerName, addrs[i][0], addrs[i][1])
+		if ap.GatewayV6 != dataplane.LinkLocal(ap.HostMAC) {
+			t.Errorf("SetupPair's IPv6 gateway %v should be the host veth's link-local address %v", ap.GatewayV6, dataplane.LinkLocal(ap.HostMAC))
+		}
+		moveLikeDocker(t, node, pod, p.PeerName, addrs[i][0], addrs[i][1], ap.GatewayV6)
 	}
 	found, err := d.Scan()
 	if err != nil || len(found) != 2 {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -33,6 +34,9 @@ type Applied struct {
 	ContainerIndex int
 	ContainerMAC   net.HardwareAddr
 	MTU            int
+	// GatewayV6 is the attachment's IPv6 gateway, the host veth's
+	// link-local address (LinkLocal(HostMAC)); invalid without IPv6.
+	GatewayV6 netip.Addr
 }
 
 // Setup plumbs l: a veth pair, the pod side addressed and routed through the
@@ -43,9 +47,12 @@ type Applied struct {
 // (to another pod) make Setup fail rather than steal them.
 //
 // The recipe keeps netlink round trips few, since ADD latency matters:
-// one LinkAdd creates both ends, the peer directly in the pod namespace and
-// the host end already up; MACs are chosen here so nothing has to be read
-// back but the container index.
+// one LinkAdd creates both ends, the peer directly in the pod namespace;
+// MACs are chosen here so nothing has to be read back but the container
+// index. It also keeps the kernel's own work per ADD independent of how many
+// attachments the node has (see "Link events" in the package doc): the host
+// end is created down and tagged while down, and brought up only after the
+// pod end, so that it becomes ready once, with its carrier.
 func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 	defer wrap(&retErr, "setup", l.HostName)
 	v4, v6, mtu, err := d.validateLink(l)
@@ -74,16 +81,15 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 	}
 	defer closePod()
 
-	// 2. The veth pair in one request.
-	hostMAC := randomMAC()
+	// 2. The veth pair in one request, both ends down.
 	ctrMAC := l.ContainerMAC
 	if ctrMAC == nil {
 		ctrMAC = randomMAC()
 	}
+	hostMAC := hostMACFor(ctrMAC)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name, attrs.MTU = l.HostName, mtu
 	attrs.HardwareAddr = hostMAC
-	attrs.Flags = net.FlagUp
 	veth := &netlink.Veth{
 		LinkAttrs:        attrs,
 		PeerName:         l.IfName,
@@ -119,13 +125,14 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 		return Applied{}, fmt.Errorf("set alias of host veth: %w", err)
 	}
 
-	// 3. Host side (sysctls first, so the veth answers ARP and forwards
-	// before the pod can send anything), then 4. the pod side.
-	if err := d.programHostSide(h, veth, l.HostName, l.Addrs, v4, v6); err != nil {
+	// 3. Host side, still down: sysctls first, so the veth answers ARP and
+	// forwards before the pod can send anything, then the IPv6 gateway.
+	if err := d.prepareHostSide(h, veth, v4, v6); err != nil {
 		return Applied{}, err
 	}
 
-	// 4. Pod side: up, addresses, default routes via the gateways.
+	// 4. Both ends up, the pod's first: the host end comes up with its
+	// carrier.
 	ctr, err := pod.LinkByName(l.IfName)
 	if err != nil {
 		return Applied{}, fmt.Errorf("find %s in pod: %w", l.IfName, err)
@@ -133,6 +140,11 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 	if err := pod.LinkSetUp(ctr); err != nil {
 		return Applied{}, fmt.Errorf("set %s up: %w", l.IfName, err)
 	}
+	if err := d.upHostSide(h, veth, l.Addrs); err != nil {
+		return Applied{}, err
+	}
+
+	// 5. Pod side: addresses, default routes via the gateways.
 	for _, a := range l.Addrs {
 		addr := &netlink.Addr{IPNet: hostNet(a)}
 		if a.Is6() {
@@ -142,6 +154,7 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 			return Applied{}, fmt.Errorf("add %s to %s: %w", a, l.IfName, err)
 		}
 	}
+	var gw6 netip.Addr
 	if v4 {
 		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: d.cfg.GatewayV4.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}
 		if err := addDefaultRoute(pod, r); err != nil {
@@ -149,9 +162,10 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 		}
 	}
 	if v6 {
-		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: d.cfg.GatewayV6.AsSlice()}
+		gw6 = LinkLocal(hostMAC)
+		r := &netlink.Route{LinkIndex: ctr.Attrs().Index, Gw: gw6.AsSlice()}
 		if err := addDefaultRoute(pod, r); err != nil {
-			return Applied{}, fmt.Errorf("pod default route via %s: %w", d.cfg.GatewayV6, err)
+			return Applied{}, fmt.Errorf("pod default route via %s: %w", gw6, err)
 		}
 	}
 
@@ -161,6 +175,7 @@ func (d *Dataplane) Setup(l Link) (_ Applied, retErr error) {
 		ContainerIndex: ctr.Attrs().Index,
 		ContainerMAC:   ctr.Attrs().HardwareAddr,
 		MTU:            mtu,
+		GatewayV6:      gw6,
 	}, nil
 }
 
@@ -246,7 +261,7 @@ func (d *Dataplane) validateLink(l Link) (v4, v6 bool, mtu int, err error) {
 	case v6 && mtu < 1280:
 		return false, false, 0, fmt.Errorf("mtu %d is below IPv6's minimum 1280: %w", mtu, ErrInvalid)
 	}
-	if l.ContainerMAC != nil && (len(l.ContainerMAC) != 6 || l.ContainerMAC[0]&1 == 1 || isZero(l.ContainerMAC)) {
+	if l.ContainerMAC != nil && !unicastMAC(l.ContainerMAC) {
 		return false, false, 0, fmt.Errorf("container mac %s is not a unicast ethernet address: %w", l.ContainerMAC, ErrInvalid)
 	}
 	return v4, v6, mtu, nil
@@ -259,6 +274,11 @@ func validIfName(what, name string) error {
 		return fmt.Errorf("%s %q is not a valid interface name: %w", what, name, ErrInvalid)
 	}
 	return nil
+}
+
+// unicastMAC reports whether mac is a unicast Ethernet address.
+func unicastMAC(mac net.HardwareAddr) bool {
+	return len(mac) == 6 && mac[0]&1 == 0 && !isZero(mac)
 }
 
 func isZero(b []byte) bool {
@@ -277,6 +297,33 @@ func randomMAC() net.HardwareAddr {
 	_, _ = rand.Read(mac)
 	mac[0] = mac[0]&^1 | 2
 	return mac
+}
+
+// hostMACFor returns a random MAC for a host veth whose peer has peerMAC:
+// never the same, so the two ends' link-local addresses differ (the host
+// end's is the pod's IPv6 gateway, installed without DAD).
+func hostMACFor(peerMAC net.HardwareAddr) net.HardwareAddr {
+	for {
+		if m := randomMAC(); !bytes.Equal(m, peerMAC) {
+			return m
+		}
+	}
+}
+
+// LinkLocal returns the modified EUI-64 link-local address of mac (RFC
+// 4291, appendix A): the address the kernel itself gives an interface with
+// that MAC, and the IPv6 gateway of an attachment whose host veth has it.
+// It is the zero Addr unless mac is 6 bytes long.
+func LinkLocal(mac net.HardwareAddr) netip.Addr {
+	if len(mac) != 6 {
+		return netip.Addr{}
+	}
+	var a [16]byte
+	a[0], a[1] = 0xfe, 0x80
+	a[8], a[9], a[10] = mac[0]^0x02, mac[1], mac[2]
+	a[11], a[12] = 0xff, 0xfe
+	a[13], a[14], a[15] = mac[3], mac[4], mac[5]
+	return netip.AddrFrom16(a)
 }
 
 // hostNet is a as a /32 or /128.

@@ -239,9 +239,17 @@ func TestLifecycle(t *testing.T) {
 	e.assertOneOwner(t)
 	j := e.call(t, "NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "ep1", SandboxKey: "/nonexistent"})
 	routes, _ := json.Marshal(j["StaticRoutes"])
-	if j["Gateway"] != "169.254.1.1" || j["GatewayIPv6"] != "fe80::1" ||
+	// The IPv6 gateway is the endpoint's own: its host veth's link-local
+	// address, from the MAC the driver chose for it.
+	var gw6 string
+	e.dp.mu.Lock()
+	for _, p := range e.dp.links {
+		gw6 = dataplane.LinkLocal(p.HostMAC).String()
+	}
+	e.dp.mu.Unlock()
+	if gw6 == "" || gw6 == "fe80::1" || j["Gateway"] != "169.254.1.1" || j["GatewayIPv6"] != gw6 ||
 		!strings.Contains(string(routes), `"Destination":"169.254.1.1/32","RouteType":1`) ||
-		!strings.Contains(string(routes), `"Destination":"fd00:90::/65","NextHop":"fe80::1","RouteType":0`) ||
+		!strings.Contains(string(routes), `"Destination":"fd00:90::/65","NextHop":"`+gw6+`","RouteType":0`) ||
 		!strings.Contains(string(routes), `"fd00:90:0:0:8000::/65"`) {
 		t.Errorf("Join = %v", j)
 	}
@@ -354,6 +362,36 @@ func TestGatewayRoute(t *testing.T) {
 	}
 	if h := halves(netip.MustParsePrefix("fd00:1::/64")); fmt.Sprint(h) != "[fd00:1::/65 fd00:1:0:0:8000::/65]" {
 		t.Errorf("halves = %v", h)
+	}
+}
+
+// TestJoinLegacyGateway6: an endpoint recorded before each host veth's own
+// link-local address became the IPv6 gateway (its record names no
+// gateway6; its host veth carries the shared one) is still joined through
+// the shared GatewayV6.
+func TestJoinLegacyGateway6(t *testing.T) {
+	e := newTenv(t)
+	pids := e.createNetwork(t, netID, "10.93.0.0/24", "fd00:93::/64", "", nil)
+	a4 := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]})["Address"].(string)
+	a6 := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[1]})["Address"].(string)
+	e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "old", Interface: &endpointInterface{Address: a4, AddressIPv6: a6}})
+	ctx := context.Background()
+	rec, err := e.st.GetAttachment(ctx, endpointKey(netID, "old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var x map[string]any
+	if err := json.Unmarshal(rec.Extra, &x); err != nil || x["gateway6"] == nil {
+		t.Fatalf("a new dual-stack endpoint's record should name its gateway6: %s (%v)", rec.Extra, err)
+	}
+	delete(x, "gateway6")
+	rec.Extra, _ = json.Marshal(x)
+	if err := e.st.UpdateAttachment(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	j := e.call(t, "NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "old", SandboxKey: "/nonexistent"})
+	if j["GatewayIPv6"] != "fe80::1" {
+		t.Errorf("Join of a legacy endpoint: GatewayIPv6 = %v, want the shared fe80::1", j["GatewayIPv6"])
 	}
 }
 

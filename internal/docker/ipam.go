@@ -248,8 +248,10 @@ func (d *Driver) deletePoolIfUnused(ctx context.Context, name string) error {
 // requestAddress hands out one address. The gateway request is answered
 // without taking a dynamic address: the --gateway given is reserved (or,
 // in a pool shared with others, leased); without one, the answer is the
-// dataplane's gateway (169.254.1.1, fe80::1), the one containers really
-// route through. Before CreateNetwork, static requests are --aux-address
+// dataplane's gateway: 169.254.1.1, the one containers really route
+// through, and for IPv6 the dataplane's GatewayV6 (fe80::1) as the
+// network's nominal gateway — each container really routes through its own
+// host veth's link-local address, which Join returns. Before CreateNetwork, static requests are --aux-address
 // values: they become reserved addresses of the pool to be created.
 func (d *Driver) requestAddress(ctx context.Context, r *requestAddressRequest) (*requestAddressResponse, error) {
 	var want netip.Addr

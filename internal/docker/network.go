@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -306,7 +307,19 @@ func (d *Driver) createEndpoint(ctx context.Context, r *createEndpointRequest) (
 
 	k := endpointKey(r.NetworkID, r.EndpointID)
 	host, peer := linkNames(k)
-	extra, _ := json.Marshal(endpointExtra{Peer: peer})
+	// The host veth's MAC is chosen here so that the record names the IPv6
+	// gateway Join hands out: the host veth's link-local address.
+	hostMAC := randomMAC()
+	for bytes.Equal(hostMAC, mac) {
+		hostMAC = randomMAC()
+	}
+	x := endpointExtra{Peer: peer}
+	for _, a := range addrs {
+		if a.Is6() {
+			x.Gateway6 = dataplane.LinkLocal(hostMAC)
+		}
+	}
+	extra, _ := json.Marshal(x)
 	a := store.Attachment{
 		AttachmentKey: k,
 		Pool:          n.Pool,
@@ -342,6 +355,7 @@ func (d *Driver) createEndpoint(ctx context.Context, r *createEndpointRequest) (
 		Addrs:    addrs,
 		MTU:      d.o.MTU,
 		PeerMAC:  mac,
+		HostMAC:  hostMAC,
 	}); err != nil {
 		if errors.Is(err, dataplane.ErrInvalid) && in.MacAddress != "" {
 			return nil, fmt.Errorf("plumb endpoint (MAC %s): %w", in.MacAddress, err)
@@ -376,7 +390,9 @@ func (d *Driver) endpointInfo(ctx context.Context, r *endpointRequest) (*endpoin
 // eth<N>, sets its addresses with the network's mask, and then the routes
 // returned here.
 //
-// The gateway is the dataplane's link-local one, outside every subnet:
+// The gateway is the dataplane's link-local one, outside every subnet
+// (169.254.1.1; for IPv6 the endpoint's own, its host veth's link-local
+// address):
 // libnetwork programs a default route only via a gateway it can reach
 // directly, so a connected route to it (a /32) comes with it. The
 // subnet's on-link route the address brings is harmless for IPv4: the host
@@ -384,8 +400,9 @@ func (d *Driver) endpointInfo(ctx context.Context, r *endpointRequest) (*endpoin
 // so the subnet is also routed, as its two halves (more specific than the
 // on-link route), via the gateway: containers never solicit each other.
 //
-// A container on several skein networks gets the same gateway on each
-// interface; the kernel refuses a second identical connected route, so
+// A container on several skein networks gets the same IPv4 gateway on each
+// interface (and, only from endpoints made before per-veth IPv6 gateways,
+// the same IPv6 one); the kernel refuses a second identical connected route, so
 // each later interface's is one bit shorter (/31, /30, …): still
 // connected, still covering the gateway.
 func (d *Driver) join(ctx context.Context, r *joinRequest) (*joinResponse, error) {
@@ -397,6 +414,10 @@ func (d *Driver) join(ctx context.Context, r *joinRequest) (*joinResponse, error
 	if err := json.Unmarshal(a.Extra, &x); err != nil || x.Peer == "" {
 		_, x.Peer = linkNames(a.AttachmentKey)
 	}
+	gw6 := x.Gateway6
+	if !gw6.IsValid() {
+		gw6 = d.gw6 // an endpoint made when every host veth carried it
+	}
 	resp := &joinResponse{InterfaceName: &interfaceName{SrcName: x.Peer, DstPrefix: "eth"}}
 	taken := sandboxRoutes(r.SandboxKey)
 	for _, ad := range a.Addrs {
@@ -405,11 +426,11 @@ func (d *Driver) join(ctx context.Context, r *joinRequest) (*joinResponse, error
 			resp.StaticRoutes = append(resp.StaticRoutes, staticRoute{Destination: gatewayRoute(d.gw4, taken).String(), RouteType: routeConnected})
 			continue
 		}
-		resp.GatewayIPv6 = d.gw6.String()
-		resp.StaticRoutes = append(resp.StaticRoutes, staticRoute{Destination: gatewayRoute(d.gw6, taken).String(), RouteType: routeConnected})
+		resp.GatewayIPv6 = gw6.String()
+		resp.StaticRoutes = append(resp.StaticRoutes, staticRoute{Destination: gatewayRoute(gw6, taken).String(), RouteType: routeConnected})
 		if sn := d.subnetOf(ctx, a, ad); sn.IsValid() && sn.Bits() < 128 {
 			for _, h := range halves(sn) {
-				resp.StaticRoutes = append(resp.StaticRoutes, staticRoute{Destination: h.String(), RouteType: routeNextHop, NextHop: d.gw6.String()})
+				resp.StaticRoutes = append(resp.StaticRoutes, staticRoute{Destination: h.String(), RouteType: routeNextHop, NextHop: gw6.String()})
 			}
 		}
 	}

@@ -58,6 +58,10 @@ type network struct {
 // endpointExtra is kept in an endpoint attachment's Extra.
 type endpointExtra struct {
 	Peer string `json:"peer"`
+	// Gateway6 is the endpoint's IPv6 gateway, its host veth's link-local
+	// address; absent on endpoints made when every host veth carried the
+	// dataplane's shared GatewayV6.
+	Gateway6 netip.Addr `json:"gateway6,omitzero"`
 }
 
 func getJSON[T any](ctx context.Context, st store.Store, kind, key string) (T, error) {

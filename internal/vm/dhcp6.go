@@ -21,10 +21,10 @@ import (
 //   - router advertisements carry the rest: M and O set (use DHCPv6, no
 //     SLAAC), the MTU, the address's prefix as on-link when it is shorter
 //     than /128, and — when the result's IPv6 gateway is link-local, as
-//     skein's fe80::1 is — a default route: the RA is sent with the
-//     gateway as its source address, so the VM's default route points at
-//     the real gateway (the main plugin's host side answers neighbour
-//     discovery for it). Non-default routes via that gateway go in route
+//     skein's is (its host veth's own link-local address) — a default
+//     route: the RA is sent with the gateway as its source address, so the
+//     VM's default route points at the real gateway (the main plugin's
+//     host side answers neighbour discovery for it). Non-default routes via that gateway go in route
 //     information options (RFC 4191). The RA carries no source link-layer
 //     option, which would bind the gateway to the bridge's MAC.
 //

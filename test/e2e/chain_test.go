@@ -148,7 +148,7 @@ func TestChainSkeinLaterLegacy(t *testing.T) {
 	if res.IP4 == nil || res.IP4.IP.IP.Equal(net.IPv4(192, 0, 2, 5)) || !res.IP4.Gateway.Equal(gw4.AsSlice()) {
 		t.Errorf("ip4 should be skein's address with gateway %s, not prevplug's 192.0.2.5: %+v", gw4, res.IP4)
 	}
-	if res.IP6 == nil || !res.IP6.Gateway.Equal(gw6.AsSlice()) {
+	if gw6 := e.hostGateway6(t, ns, "eth0"); res.IP6 == nil || !res.IP6.Gateway.Equal(gw6.AsSlice()) {
 		t.Errorf("ip6 should be skein's address with gateway %s: %+v", gw6, res.IP6)
 	}
 	if !slices.Equal(res.DNS.Nameservers, []string{"192.0.2.53"}) {

@@ -18,10 +18,33 @@ import (
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
-var (
-	gw4 = netip.MustParseAddr("169.254.1.1")
-	gw6 = netip.MustParseAddr("fe80::1")
-)
+var gw4 = netip.MustParseAddr("169.254.1.1")
+
+// linkLocal is the modified EUI-64 link-local address of a MAC (RFC 4291,
+// appendix A): a pod's IPv6 gateway is that of its host veth.
+func linkLocal(t *testing.T, mac string) netip.Addr {
+	t.Helper()
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		t.Fatalf("MAC %q: %v", mac, err)
+	}
+	return netip.AddrFrom16([16]byte{0: 0xfe, 1: 0x80, 8: hw[0] ^ 2, 9: hw[1], 10: hw[2], 11: 0xff, 12: 0xfe, 13: hw[3], 14: hw[4], 15: hw[5]})
+}
+
+// hostGateway6 is the IPv6 gateway of the pod interface ifName in ns: the
+// link-local address of its peer, the host veth in the node namespace.
+func (e *env) hostGateway6(t *testing.T, ns *harness.NS, ifName string) netip.Addr {
+	t.Helper()
+	l, err := ns.Handle(t).LinkByName(ifName)
+	if err != nil {
+		t.Fatalf("%s in the pod: %v", ifName, err)
+	}
+	host, err := e.d.Node.Handle(t).LinkByIndex(l.Attrs().ParentIndex)
+	if err != nil {
+		t.Fatalf("host veth of %s: %v", ifName, err)
+	}
+	return linkLocal(t, host.Attrs().HardwareAddr.String())
+}
 
 // specVersions is every version the spec has had; skein accepts them all.
 var specVersions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
@@ -71,6 +94,7 @@ func TestEveryVersion(t *testing.T) {
 			mustReach(t, nsA, "pod a to pod b", b.addrs...)
 			mustReach(t, nsB, "pod b to pod a", a.addrs...)
 			mustReach(t, nsA, "pod a to its IPv4 gateway on the node", gw4)
+			gw6 := e.hostGateway6(t, nsA, "eth0")
 			if out, err := nsA.Exec(t, "ping", "-6", "-c1", "-W2", gw6.String()+"%eth0"); err != nil {
 				t.Errorf("pod a should reach its IPv6 gateway %s on the node: %v\n%s", gw6, err, out)
 			}
@@ -175,7 +199,7 @@ func (e *env) addChecked(t *testing.T, l *libcni.NetworkConfigList, ns *harness.
 		}
 		wantGW := gw4
 		if a.Is6() {
-			wantGW = gw6
+			wantGW = linkLocal(t, host.Mac) // the host veth's own
 		}
 		if g, _ := netip.AddrFromSlice(ip.Gateway); g.Unmap() != wantGW {
 			t.Errorf("result gateway of %v should be %v, is %v", a, wantGW, ip.Gateway)
@@ -236,7 +260,7 @@ func (e *env) checkLegacy(t *testing.T, l *libcni.NetworkConfigList, r types.Res
 	for _, s := range pool {
 		ipc, wantGW, fam := res.IP4, gw4, "ip4"
 		if s.Addr().Is6() {
-			ipc, wantGW, fam = res.IP6, gw6, "ip6"
+			ipc, wantGW, fam = res.IP6, e.hostGateway6(t, ns, rt.IfName), "ip6"
 		}
 		if ipc == nil {
 			t.Errorf("result should carry %s for pool subnet %s: %s", fam, s, raw)

@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -30,14 +31,16 @@ type State struct {
 // duplicate address detection runs from a work queue (about a second on links
 // with carrier, a moment on lo), and only then is an address's local route
 // installed. So Snapshot first waits, up to three seconds, until every link
-// with carrier (but lo) has a link-local address, no IPv6 address on such a
-// link is tentative, and every address past DAD has its local route;
-// otherwise two snapshots of an unchanged namespace could differ. Links with
-// IPv6 disabled therefore cost the full three seconds.
+// with carrier (but lo, and links with IPv6 disabled) has a link-local
+// address and its multicast route (ff00::/8, which the link watcher adds
+// with it: a link-local address installed without DAD is there before it),
+// no IPv6 address on such a link is tentative, and every address past DAD
+// has its local route; otherwise two snapshots of an unchanged namespace
+// could differ.
 func Snapshot(t testing.TB, ns *NS) State {
 	t.Helper()
 	h := ns.Handle(t)
-	settle(t, h)
+	settle(t, ns, h)
 	st, err := readState(h)
 	if err != nil {
 		t.Fatalf("snapshot %s: %v", ns.name, err)
@@ -133,16 +136,16 @@ func diff(a, b []string) (onlyA, onlyB []string) {
 	return onlyA, onlyB
 }
 
-func settle(t testing.TB, h *netlink.Handle) {
+func settle(t testing.TB, ns *NS, h *netlink.Handle) {
 	t.Helper()
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if settled(t, h) {
+		if settled(t, ns, h) {
 			return
 		}
 	}
 }
 
-func settled(t testing.TB, h *netlink.Handle) bool {
+func settled(t testing.TB, ns *NS, h *netlink.Handle) bool {
 	t.Helper()
 	links, err := h.LinkList()
 	if err != nil {
@@ -165,19 +168,27 @@ func settled(t testing.TB, h *netlink.Handle) bool {
 			hasLL[a.LinkIndex] = true
 		}
 	}
-	for _, l := range links {
-		if a := l.Attrs(); carrier[a.Index] && a.RawFlags&unix.IFF_LOOPBACK == 0 && !hasLL[a.Index] {
-			return false
-		}
-	}
 	local, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		t.Fatalf("snapshot: local routes: %v", err)
 	}
 	have := map[string]bool{}
+	mcast := map[int]bool{}
 	for _, r := range local {
 		if r.Dst != nil {
 			have[fmt.Sprintf("%d %s", r.LinkIndex, r.Dst.IP)] = true
+			if ones, _ := r.Dst.Mask.Size(); r.Type == unix.RTN_MULTICAST && ones == 8 {
+				mcast[r.LinkIndex] = true
+			}
+		}
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if !carrier[a.Index] || a.RawFlags&unix.IFF_LOOPBACK != 0 {
+			continue
+		}
+		if !hasLL[a.Index] && !ipv6Disabled(ns, a.Name) || hasLL[a.Index] && !mcast[a.Index] {
+			return false
 		}
 	}
 	for _, a := range addrs {
@@ -192,4 +203,16 @@ func settled(t testing.TB, h *netlink.Handle) bool {
 		}
 	}
 	return true
+}
+
+// ipv6Disabled reports whether link name in ns has IPv6 turned off
+// (net.ipv6.conf.<name>.disable_ipv6), so gets no link-local address.
+func ipv6Disabled(ns *NS, name string) bool {
+	var v []byte
+	_ = ns.Do(func() error {
+		var err error
+		v, err = os.ReadFile("/proc/sys/net/ipv6/conf/" + name + "/disable_ipv6")
+		return err
+	})
+	return strings.TrimSpace(string(v)) == "1"
 }

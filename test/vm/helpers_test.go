@@ -95,9 +95,9 @@ type vmPod struct {
 	rt  *libcni.RuntimeConf
 	res *types100.Result
 	// addr4/addr6 are the addresses of the main plugin's interface (with
-	// the prefix it gave), gw4 its IPv4 gateway.
+	// the prefix it gave), gw4 and gw6 its gateways.
 	addr4, addr6 netip.Prefix
-	gw4          netip.Addr
+	gw4, gw6     netip.Addr
 	vmMAC        string // the tap's MAC in the result
 	tap, bridge  string
 }
@@ -123,6 +123,7 @@ func (e *env) mustAddVM(t testing.TB, l *libcni.NetworkConfigList, id string, ar
 			p.gw4, _ = netip.AddrFromSlice(ip.Gateway.To4())
 		} else {
 			p.addr6 = pf
+			p.gw6, _ = netip.AddrFromSlice(ip.Gateway)
 		}
 	}
 	for _, i := range res.Interfaces {

@@ -28,9 +28,9 @@ exit 0
 `
 
 // TestDHCPv6AndRA: IPv6 for the VM. dhclient -6 gets the pod's address
-// and DNS over DHCPv6; the router advertisements (sent as the gateway
-// fe80::1) give the VM's kernel its default route and MTU; the VM side
-// then reaches another pod over IPv6.
+// and DNS over DHCPv6; the router advertisements (sent as the result's
+// gateway, the host veth's link-local address) give the VM's kernel its
+// default route and MTU; the VM side then reaches another pod over IPv6.
 func TestDHCPv6AndRA(t *testing.T) {
 	skeintest.RequireTool(t, "dhclient")
 	e := newEnv(t)
@@ -91,10 +91,13 @@ func TestDHCPv6AndRA(t *testing.T) {
 	if got := words(env["new_dhcp6_domain_search"]); !slices.Equal(got, []string{"svc.cluster.local", "cluster.local"}) {
 		t.Errorf("DHCPv6 search list %v", got)
 	}
-	waitFor(t, 10*time.Second, "a default route via fe80::1 from the router advertisements", func() bool {
+	if !p.gw6.IsLinkLocalUnicast() {
+		t.Fatalf("the result's IPv6 gateway should be link-local (the host veth's), is %v", p.gw6)
+	}
+	waitFor(t, 10*time.Second, "a default route via "+p.gw6.String()+" from the router advertisements", func() bool {
 		routes, _ := h.RouteList(link, netlink.FAMILY_V6)
 		for _, r := range routes {
-			if (r.Dst == nil || r.Dst.String() == "::/0") && r.Gw.String() == "fe80::1" {
+			if (r.Dst == nil || r.Dst.String() == "::/0") && r.Gw.String() == p.gw6.String() {
 				return true
 			}
 		}
@@ -105,7 +108,7 @@ func TestDHCPv6AndRA(t *testing.T) {
 		t.Errorf("RA MTU option: the VM's IPv6 MTU is %q, want %d", mtu6, podMTU)
 	}
 	var perr error
-	for i := 0; i < 5; i++ { // neighbour discovery of fe80::1 may cost the first echo
+	for i := 0; i < 5; i++ { // neighbour discovery of the gateway may cost the first echo
 		if perr = harness.Ping(t, vm, target); perr == nil {
 			break
 		}

@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/skeinnet/skein/internal/cniclient"
+	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// BenchmarkADDParts takes one skein ADD (c=1, a nearly empty node) apart,
+// each part measured in the same loop, one after the other, each ADD on a
+// fresh pod namespace, so that a change can be judged by the part it
+// touches rather than by the whole, which the machine's noise swamps:
+//
+//   - floor: the kernel work alone (raw netlink, in-process);
+//
+//   - dataplane: internal/dataplane's Setup in-process, as skeind runs it;
+//
+//   - call: skeind's CNI Add through the plugin's own client, no exec —
+//     the call and all of skeind's work;
+//
+//   - noop-call: a method skeind does not have — connection, HTTP/2 and
+//     gRPC dispatch without skeind's work;
+//
+//   - exec: the skein binary exec'd directly with the CNI environment, no
+//     libcni;
+//
+//   - libcni: skein through libcni, as skein-bench measures it;
+//
+//   - exec-floor: bench/execfloor through libcni.
+//
+//     go test -run '^$' -bench ADDParts -benchtime 200x ./bench/
+func BenchmarkADDParts(b *testing.B) {
+	harness.RequireRoot(b)
+	sc := newScope("parts", false)
+	defer sc.close()
+	node := newNode(sc)
+	d := skeintest.StartDaemon(b, skeintest.Options{Node: node, DefaultPool: []string{"10.64.0.0/14"}, Args: []string{"--log-level", "info"}})
+	f, closeF, err := NewFloor(node.Path())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer closeF()
+	dp, err := dataplane.New(dataplane.Config{NodeNetNS: node.Path()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dp.Close()
+	list := confList(sc, "parts", map[string]any{"type": "skein", "socket": d.Socket})
+	cni := libcni.NewCNIConfigWithCacheDir([]string{d.BinDir}, b.TempDir(), nil)
+	efList := confList(sc, "parts-ef", map[string]any{"type": "execfloor"})
+	efCNI := libcni.NewCNIConfigWithCacheDir([]string{execFloorDir(sc)}, b.TempDir(), nil)
+	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "parts", "type": "skein", "socket": d.Socket})
+	ctx := context.Background()
+
+	lat := map[string][]time.Duration{}
+	timed := func(part string, fn func() error) {
+		t := time.Now()
+		err := fn()
+		lat[part] = append(lat[part], time.Since(t))
+		if err != nil {
+			b.Fatalf("%s: %v", part, err)
+		}
+	}
+	call := func(method, id string, pod *harness.NS) error {
+		rep, err := cniclient.Call(ctx, d.Socket, method, cniclient.Request{ContainerID: id, NetNS: pod.Path(), IfName: "eth0", NetConf: conf})
+		if err == nil && rep.Error != nil {
+			err = fmt.Errorf("%s", rep.Error.Msg)
+		}
+		return err
+	}
+	execSkein := func(verb, id string, pod *harness.NS) error {
+		cmd := exec.Command(filepath.Join(d.BinDir, "skein"))
+		cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + pod.Path(), "CNI_IFNAME=eth0", "CNI_PATH=" + d.BinDir}
+		cmd.Stdin = bytes.NewReader(conf)
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		ps := newPods(sc, 4)
+		b.StartTimer()
+		host := fmt.Sprintf("fl%d", i)
+		timed("floor", func() error {
+			return f.Setup(host, ps[0].Path(), "eth0", []netip.Addr{netip.AddrFrom4([4]byte{10, 68, byte(i >> 8), byte(i)})})
+		})
+		_ = f.Teardown(host)
+		dl := dataplane.Link{HostName: fmt.Sprintf("dp%d", i), Alias: "skein:parts", NetNS: ps[0].Path(), IfName: "eth1",
+			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{10, 69, byte(i >> 8), byte(i)})}}
+		timed("dataplane", func() error { _, err := dp.Setup(dl); return err })
+		_ = dp.Teardown(dl.HostName, "", "", nil)
+		id := fmt.Sprintf("call%d", i)
+		timed("call", func() error { return call("Add", id, ps[1]) })
+		_ = call("Del", id, ps[1])
+		timed("noop-call", func() error {
+			_, err := cniclient.CallService(ctx, d.Socket, "skein.v1.Nothing", "Add", cniclient.Request{})
+			if err == nil {
+				return fmt.Errorf("an unknown service answered")
+			}
+			return nil
+		})
+		id = fmt.Sprintf("exec%d", i)
+		timed("exec", func() error { return execSkein("ADD", id, ps[2]) })
+		_ = execSkein("DEL", id, ps[2])
+		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cni%d", i), NetNS: ps[3].Path(), IfName: "eth0"}
+		timed("libcni", func() error {
+			var err error
+			_ = node.Do(func() error { _, err = cni.AddNetworkList(ctx, list, rt); return nil })
+			return err
+		})
+		_ = node.Do(func() error { return cni.DelNetworkList(ctx, list, rt) })
+		timed("exec-floor", func() error {
+			var err error
+			_ = node.Do(func() error { _, err = efCNI.AddNetworkList(ctx, efList, rt); return nil })
+			return err
+		})
+		_ = node.Do(func() error { return efCNI.DelNetworkList(ctx, efList, rt) })
+		b.StopTimer()
+		removePods(ps)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	for _, part := range []string{"floor", "dataplane", "call", "noop-call", "exec", "libcni", "exec-floor"} {
+		l := lat[part]
+		slices.Sort(l)
+		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-p50-ms")
+	}
+}
