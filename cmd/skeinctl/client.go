@@ -51,6 +51,17 @@ func (a *app) explain(ctx context.Context, err error) error {
 	if !ok {
 		return err
 	}
+	// Our own deadline passed: grpc-go usually reports DeadlineExceeded, but
+	// when the deadline fires as the server resets the stream it reports the
+	// reset instead ("stream terminated by RST_STREAM with error code:
+	// CANCEL", code Canceled or Internal). Either way skeind did not answer
+	// in time.
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		switch st.Code() {
+		case codes.DeadlineExceeded, codes.Canceled, codes.Internal:
+			return fmt.Errorf("skeind at %s did not answer within %s", a.socket, a.timeout)
+		}
+	}
 	switch st.Code() {
 	case codes.Unavailable:
 		// gRPC reports a failed dial as Unavailable, but skeind may also
@@ -62,13 +73,9 @@ func (a *app) explain(ctx context.Context, err error) error {
 			}
 			return fmt.Errorf("cannot reach skeind at %s: is it running?", a.socket)
 		}
-	case codes.DeadlineExceeded:
-		// Only our own deadline means skeind is too slow; a deadline the
-		// daemon hit internally comes with its own message.
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("skeind at %s did not answer within %s", a.socket, a.timeout)
-		}
 	}
+	// A DeadlineExceeded before our own deadline is one the daemon hit
+	// internally: its own message says which.
 	return errors.New(st.Message())
 }
 
