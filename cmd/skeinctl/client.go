@@ -52,11 +52,11 @@ func (a *app) explain(ctx context.Context, err error) error {
 		return err
 	}
 	// Our own deadline passed: grpc-go usually reports DeadlineExceeded, but
-	// when the deadline fires as the server resets the stream it reports the
-	// reset instead ("stream terminated by RST_STREAM with error code:
-	// CANCEL", code Canceled or Internal). Either way skeind did not answer
-	// in time.
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	// the server enforces the same deadline (the grpc-timeout we send) and,
+	// when its timer fires first, resets the stream; the call then ends a
+	// moment before ours with "stream terminated by RST_STREAM with error
+	// code: CANCEL". Either way skeind did not answer in time.
+	if deadlinePassed(ctx) {
 		switch st.Code() {
 		case codes.DeadlineExceeded, codes.Canceled, codes.Internal:
 			return fmt.Errorf("skeind at %s did not answer within %s", a.socket, a.timeout)
@@ -86,4 +86,17 @@ func probe(socket string) error {
 		return err
 	}
 	return c.Close()
+}
+
+// deadlineSlack is how close to its deadline a call may end and still be
+// taken as cut off by it (the server's copy of the deadline fires first).
+const deadlineSlack = 20 * time.Millisecond
+
+// deadlinePassed reports whether ctx's deadline has passed or is about to.
+func deadlinePassed(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && time.Until(d) < deadlineSlack
 }
