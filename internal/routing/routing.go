@@ -1,0 +1,90 @@
+// Package routing makes pods on different nodes reach each other. skeind
+// runs it in one of three modes (skeind --routing):
+//
+//   - export: the node's own blocks go to the export table for a routing
+//     daemon (BIRD) to announce; nothing else is installed (internal/dataplane
+//     does the export; this package only removes what the other modes left).
+//   - direct: for every block of another node, a route via that node's
+//     address, for nodes on one L2 segment (coil-router, Calico's direct mode).
+//   - vxlan: one VXLAN device per node, a static FDB and neighbour entry per
+//     remote node and block, and a route per remote block through the device,
+//     for nodes anywhere on IP.
+//
+// It is declarative: the caller hands Sync the wanted set (every remote
+// block with its node's addresses, from the API); Sync compares it with what
+// the kernel holds under its tags (its table and route protocol, its
+// device), adds and replaces before it deletes, never touches what it did
+// not make, and reports per block what it applied. A restart rebuilds the
+// same state from the API and the kernel.
+package routing
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Mode is how the node reaches other nodes' blocks.
+type Mode string
+
+const (
+	ModeExport Mode = "export"
+	ModeDirect Mode = "direct"
+	ModeVXLAN  Mode = "vxlan"
+)
+
+// ParseMode reads a --routing value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeExport, ModeDirect, ModeVXLAN:
+		return m, nil
+	case "":
+		return ModeExport, nil
+	}
+	return "", fmt.Errorf("routing mode %q: want export, direct or vxlan", s)
+}
+
+// Defaults of Config's numbers. Table 116 holds pod routes, 117 and 118 are
+// the egress tables of client pods, 119 the export table; remote blocks get
+// 120. Protocol 30 tags exported routes, 31 pod routes, 32 remote routes.
+const (
+	DefaultTable        = 120
+	DefaultProtocol     = 32
+	DefaultRulePriority = 2001
+	DefaultVXLANDevice  = "skein.vxlan"
+	DefaultVXLANVNI     = 4100
+	DefaultVXLANPort    = 4789
+)
+
+// VXLAN overhead on the underlay: outer Ethernet is not counted in an MTU;
+// outer IP + UDP + VXLAN headers + the inner Ethernet header are.
+const (
+	OverheadVXLAN4 = 20 + 8 + 8 + 14 // IPv4 underlay
+	OverheadVXLAN6 = 40 + 8 + 8 + 14 // IPv6 underlay
+)
+
+// Remote is one block of another node, as the API describes it.
+type Remote struct {
+	// Block is one address family's slice of an AddressBlock.
+	Block netip.Prefix
+	// Name is the AddressBlock's name (for reports).
+	Name string
+	// Node is the name of the node that owns the block.
+	Node string
+	// NodeAddrs are the node's underlay addresses (the skein.dev/node-address
+	// annotation, else its InternalIPs), at most one per family. Empty when
+	// the node is unknown or has none.
+	NodeAddrs []netip.Addr
+}
+
+// Status is what Sync did with one Remote.
+type Status struct {
+	Remote
+	// Via is the next hop used: the node address (direct) or the VXLAN
+	// peer's underlay address (vxlan). Invalid when not installed.
+	Via netip.Addr
+	// Installed: the route is in the kernel as wanted.
+	Installed bool
+	// Reason says why a route is not installed ("node has no address",
+	// "node address 10.1.0.7 is not on a directly connected network", ...).
+	Reason string
+}
