@@ -66,7 +66,9 @@ func TestNodeAddresses(t *testing.T) {
 		}
 		return n
 	}
-	ip := func(typ corev1.NodeAddressType, a string) corev1.NodeAddress { return corev1.NodeAddress{Type: typ, Address: a} }
+	ip := func(typ corev1.NodeAddressType, a string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: typ, Address: a}
+	}
 	for _, tt := range []struct {
 		name string
 		n    *corev1.Node
