@@ -241,7 +241,10 @@ func (l *Loop) report(snap Snapshot, st []Status) {
 		switch {
 		case state != "":
 			l.log.Warn("remote node's blocks not routed", "node", name, "mode", l.o.Mode, "blocks", n.total, "unrouted", n.missing, "reason", state)
-			if l.o.Events != nil && l.o.Mode != ModeExport {
+			// No event for a node without a Node object (deleted; its
+			// blocks wait for the controller's collection): nothing to
+			// put it on.
+			if l.o.Events != nil && l.o.Mode != ModeExport && node.UID != "" {
 				l.o.Events.NodeWarning(node, ReasonNodeUnreachable,
 					fmt.Sprintf("%d of %d blocks of node %s have no %s route from this node: %s", n.missing, n.total, name, l.o.Mode, state))
 			}
