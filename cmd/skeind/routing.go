@@ -69,12 +69,6 @@ func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc
 	var local []netip.Addr
 	if cfg.Routing.NodeAddress != "" {
 		local, _ = routing.ParseNodeAddresses(cfg.Routing.NodeAddress) // validated before
-		if err := publishNodeAddress(ctx, rc, cfg.Node, local); err != nil {
-			if !apierrors.IsNotFound(err) {
-				return nil, err
-			}
-			log.Warn("routing: no Node object for this node; peers cannot learn --node-address", "node", cfg.Node)
-		}
 	} else if self, ok := r.watcher.Self(ctx); ok {
 		local = self.Addrs
 	}
@@ -86,6 +80,16 @@ func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 	r.kernel = k
+	// Published once the kernel side is up: a skeind that fails at start
+	// leaves the Node as it was.
+	if cfg.Routing.NodeAddress != "" {
+		if err := publishNodeAddress(ctx, rc, cfg.Node, local); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return nil, err
+			}
+			log.Warn("routing: no Node object for this node; peers cannot learn --node-address", "node", cfg.Node)
+		}
+	}
 	if mode == routing.ModeVXLAN && cfg.Dataplane.MTU == 0 && mtu > 0 {
 		cfg.Dataplane.MTU = mtu
 		log.Info("routing: pod MTU lowered for the VXLAN overlay", "mtu", mtu)
