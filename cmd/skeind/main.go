@@ -169,7 +169,8 @@ func newCommand() *cobra.Command {
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
 	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
 	f.StringVar(&cfg.Routing.Mode, "routing", "export", "how pods reach other nodes' pods: export (the node's blocks go to --export-table for a routing daemon such as BIRD to announce), "+
-		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes")
+		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes; their routes go to table 120 (protocol 32, looked up at rule priority 2001), synced on every change of the cluster's blocks and nodes and every 30 s, and kept when skeind stops. "+
+		"Switching to export removes them at start. See skeinctl route list")
 	f.StringVar(&cfg.Routing.NodeAddress, "node-address", "", "this node's underlay addresses for direct and vxlan routing, comma separated, at most one per family (e.g. 192.0.2.10,2001:db8::10); "+
 		"skeind writes them on its Node as the annotation skein.dev/node-address, which peers prefer to the Node's InternalIPs. Empty: the annotation as it is, else the InternalIPs")
 	f.IntVar(&cfg.Routing.VXLAN.VNI, "vxlan-vni", 0, "VXLAN network identifier of --routing vxlan, 1..16777215, the same on every node (0: 4100)")
