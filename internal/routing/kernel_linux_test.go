@@ -189,3 +189,23 @@ func TestBadConfig(t *testing.T) {
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, n.ns))
 }
+
+// TestDirectIPv4ViaIPv6: nodes known only by their IPv6 addresses still
+// carry IPv4 pod traffic in direct mode (RFC 5549 next hops).
+func TestDirectIPv4ViaIPv6(t *testing.T) {
+	nodes := lan(t, 2)
+	for _, n := range nodes {
+		n.addrs = n.addrs[1:] // IPv6 only
+		// IPv4 pings via an IPv6 next hop went unanswered in the underlay's
+		// first second (link-local DAD still running); let it settle.
+		harness.Snapshot(t, n.ns)
+	}
+	for _, n := range nodes {
+		k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: n.addrs})
+		requireInstalled(t, mustSync(t, k, remotes(n, nodes...)))
+	}
+	if got := tableRoutes(t, nodes[0].ns, routing.DefaultTable); !contains(got, "10.10.2.0/24 via inet6 fd50::2 dev ul0") {
+		t.Errorf("table: %q", got)
+	}
+	pingAll(t, nodes...)
+}
