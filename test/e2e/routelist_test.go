@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -211,5 +212,159 @@ func routeListWait(t *testing.T, limit time.Duration, what string, cond func() b
 			t.Fatalf("%s: not within %v", what, limit)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRouteModesOneNode runs real skeind binaries one after the other on
+// one node namespace with an underlay link (192.0.2.1/24, 2001:db8::1/64)
+// against a real API server: direct installs routes via a peer on that
+// link into table 120 and reports the node without an address; vxlan
+// makes the device with the underlay MTU minus 50 and lowers the pod MTU
+// to it; export, on the embedded store and on the Kubernetes store,
+// removes what the other modes left.
+func TestRouteModesOneNode(t *testing.T) {
+	harness.RequireRoot(t)
+	kenv := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(kenv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	for _, n := range []struct{ name, ann string }{{"rm-1", ""}, {"rm-2", "192.0.2.2,2001:db8::2"}, {"rm-3", ""}} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
+		if n.ann != "" {
+			node.Annotations = map[string]string{skeinv1.AnnotationNodeAddress: n.ann}
+		}
+		if err := c.Create(bg, node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, b := range []struct{ node, v4, v6 string }{
+		{"rm-2", "10.97.0.0/27", "fd97::/123"},
+		{"rm-3", "10.97.0.32/27", ""},
+	} {
+		blk := &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("rm", uint32(i)),
+			Labels: map[string]string{skeinv1.LabelPool: "rm", skeinv1.LabelNode: b.node}}, Index: int64(i), IPv4: ptr.To(b.v4)}
+		if b.v6 != "" {
+			blk.IPv6 = ptr.To(b.v6)
+		}
+		if err := c.Create(bg, blk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kc, err := kenv.WriteKubeconfig(kube.AdminUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := harness.NewNS(t, "node")
+	for _, args := range [][]string{
+		{"ip", "link", "add", "ul0", "mtu", "1500", "type", "veth", "peer", "name", "ul1"},
+		{"ip", "link", "set", "ul1", "up"},
+		{"ip", "addr", "add", "192.0.2.1/24", "dev", "ul0"},
+		{"ip", "addr", "add", "2001:db8::1/64", "dev", "ul0", "nodad"},
+		{"ip", "link", "set", "ul0", "up"},
+	} {
+		if out, err := ns.Exec(t, args[0], args[1:]...); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	ip := func(args ...string) string {
+		t.Helper()
+		out, err := ns.Exec(t, "ip", args...)
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return out
+	}
+	start := func(args ...string) *kubeNode {
+		t.Helper()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		args = append([]string{"--store", "kubernetes", "--kubeconfig", kc, "--node", "rm-1", "--metrics-addr", addr}, args...)
+		e := newEnv(t, skeintest.Options{Node: ns, DefaultPool: []string{}, Args: args})
+		return &kubeNode{env: e, name: "rm-1", metrics: "http://" + addr + "/metrics"}
+	}
+
+	// direct
+	n := start("--routing", "direct", "--node-address", "192.0.2.1")
+	var rows []routeListRow
+	routeListWait(t, 10*time.Second, "direct routes", func() bool {
+		rows = n.routeList(t)
+		return len(rows) == 3 && rows[0].Installed
+	})
+	t.Logf("direct: %+v", rows)
+	wantRows := []routeListRow{
+		{Block: "10.97.0.0/27", Node: "rm-2", Via: "192.0.2.2", Installed: true},
+		{Block: "10.97.0.32/27", Node: "rm-3"},
+		{Block: "fd97::/123", Node: "rm-2", Via: "2001:db8::2", Installed: true},
+	}
+	for i, w := range wantRows {
+		r := rows[i]
+		if r.Block != w.Block || r.Node != w.Node || r.Via != w.Via || r.Installed != w.Installed || r.Mode != "direct" || (r.Reason == "") == !w.Installed {
+			t.Errorf("direct route %d: %+v, want %+v", i, r, w)
+		}
+	}
+	for _, want := range []string{"10.97.0.0/27 via 192.0.2.2 dev ul0 proto 32"} {
+		if got := ip("-4", "route", "show", "table", "120"); !strings.Contains(got, want) {
+			t.Errorf("table 120 (IPv4):\n%s\nwant %q", got, want)
+		}
+	}
+	if got := ip("-6", "route", "show", "table", "120"); !strings.Contains(got, "fd97::/123 via 2001:db8::2 dev ul0 proto 32") {
+		t.Errorf("table 120 (IPv6):\n%s", got)
+	}
+	n.d.Stop(t)
+
+	// vxlan, the device's MTU from the underlay's
+	n = start("--routing", "vxlan", "--node-address", "192.0.2.1", "--vxlan-vni", "4242")
+	routeListWait(t, 10*time.Second, "vxlan routes", func() bool {
+		rows = n.routeList(t)
+		return len(rows) == 3 && rows[0].Installed && rows[0].Mode == "vxlan"
+	})
+	t.Logf("vxlan: %+v", rows)
+	if dev := ip("-d", "link", "show", "skein.vxlan"); !strings.Contains(dev, "mtu 1450") || !strings.Contains(dev, "vxlan id 4242") {
+		t.Errorf("skein.vxlan:\n%s\nwant mtu 1450 (1500 - 50), id 4242", dev)
+	}
+	if !strings.Contains(n.d.Log(), "mtu=1450") {
+		t.Errorf("skeind did not lower the pod MTU to 1450:\n%s", n.d.Log())
+	}
+	if got := ip("-4", "route", "show", "table", "120"); !strings.Contains(got, "10.97.0.0/27 via 10.97.0.0 dev skein.vxlan proto 32 onlink") {
+		t.Errorf("table 120 in vxlan mode:\n%s", got)
+	}
+	n.d.Stop(t)
+
+	// export on the embedded store removes it all at start.
+	skeintest.StartDaemon(t, skeintest.Options{Node: ns, DefaultPool: []string{}}).Stop(t)
+	if got := ip("route", "show", "table", "120") + ip("-6", "route", "show", "table", "120"); strings.TrimSpace(got) != "" {
+		t.Errorf("table 120 after skeind --routing export:\n%s", got)
+	}
+	if out, err := ns.Exec(t, "ip", "link", "show", "skein.vxlan"); err == nil {
+		t.Errorf("skein.vxlan still there after skeind --routing export:\n%s", out)
+	}
+	if got := ip("rule", "show"); strings.Contains(got, "lookup 120") {
+		t.Errorf("the rule of table 120 is still there after skeind --routing export:\n%s", got)
+	}
+
+	// export on the Kubernetes store: direct's leftovers go; the list says
+	// no routing daemon installed the blocks.
+	start("--routing", "direct", "--node-address", "192.0.2.1").d.Stop(t)
+	if got := ip("route", "show", "table", "120"); !strings.Contains(got, "10.97.0.0/27") {
+		t.Fatalf("direct mode left no route to remove:\n%s", got)
+	}
+	n = start()
+	routeListWait(t, 10*time.Second, "export statuses", func() bool {
+		rows = n.routeList(t)
+		return len(rows) == 3 && rows[0].Mode == "export"
+	})
+	for _, r := range rows {
+		if r.Installed || !strings.Contains(r.Reason, "routing daemon") {
+			t.Errorf("export mode with no routing daemon: %+v", r)
+		}
+	}
+	if got := ip("route", "show", "table", "120"); strings.TrimSpace(got) != "" {
+		t.Errorf("table 120 after skeind --routing export (kubernetes store):\n%s", got)
 	}
 }
