@@ -68,7 +68,12 @@ func (f *fakeSyncer) Sync(_ context.Context, remotes []Remote) ([]Status, error)
 	f.mu.Lock()
 	defer func() {
 		f.mu.Unlock()
-		f.synced <- struct{}{}
+		// Never block the loop: with a fast Resync nobody may be
+		// counting (a blocked Sync would hang Run past its cancel).
+		select {
+		case f.synced <- struct{}{}:
+		default:
+		}
 	}()
 	f.calls = append(f.calls, time.Now())
 	f.last = remotes
@@ -114,6 +119,21 @@ func (f *fakeSyncer) waitSyncs(t *testing.T, n int) {
 			t.Fatalf("no sync within 5s (waited for %d, got %d)", n, i)
 		}
 	}
+}
+
+// freshSyncs waits for n syncs that end after the call; with n ≥ 3, at
+// least one sync has started after the call and been reported on.
+func (f *fakeSyncer) freshSyncs(t *testing.T, n int) {
+	t.Helper()
+	for {
+		select {
+		case <-f.synced:
+			continue
+		default:
+		}
+		break
+	}
+	f.waitSyncs(t, n)
 }
 
 // fakeEvents records the events.
@@ -238,44 +258,47 @@ func TestLoopResync(t *testing.T) {
 	sy.waitSyncs(t, 4)
 }
 
-// TestLoopBackoff: failed syncs are retried with growing waits, the
-// statuses of the last good sync are kept meanwhile, and a success
-// resets the backoff.
+// TestLoopBackoff: failed syncs are retried with growing waits up to
+// MaxBackoff, the statuses of the last good sync are kept meanwhile, and a
+// success resets the backoff.
 func TestLoopBackoff(t *testing.T) {
 	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2")))
 	sy := newFakeSyncer()
-	l := runLoop(t, LoopOptions{Source: src, Syncer: sy, Resync: time.Hour, MinBackoff: 20 * time.Millisecond, MaxBackoff: 80 * time.Millisecond})
+	l := runLoop(t, LoopOptions{Source: src, Syncer: sy, Resync: time.Hour, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	sy.waitSyncs(t, 1)
-	sy.mu.Lock()
-	sy.failures = 5
-	sy.mu.Unlock()
-	src.kick()
-	sy.waitSyncs(t, 6) // 5 failures, then a success
-	sy.mu.Lock()
-	calls := append([]time.Time(nil), sy.calls...)
-	sy.mu.Unlock()
-	// calls[1..5] failed; the waits after them: 20, 40, 80, 80, 80 ms.
-	want := []time.Duration{20, 40, 80, 80, 80}
-	for i, w := range want {
-		got := calls[i+2].Sub(calls[i+1])
+	fail := func(n int) []time.Time {
+		sy.mu.Lock()
+		sy.failures = n
+		first := len(sy.calls)
+		sy.mu.Unlock()
+		src.kick()
+		sy.waitSyncs(t, n+1) // n failures, then a success
+		sy.mu.Lock()
+		defer sy.mu.Unlock()
+		return append([]time.Time(nil), sy.calls[first:]...)
+	}
+	calls := fail(5)
+	// The waits after the failures: 20, 40, 80, 160, then 200 (the cap).
+	for i, w := range []time.Duration{20, 40, 80, 160, 200} {
+		got := calls[i+1].Sub(calls[i])
 		if got < w*time.Millisecond*9/10 {
 			t.Errorf("wait after failure %d: %v, want ≥ %v ms", i+1, got, w)
 		}
 	}
-	if v := testutil.ToFloat64(l.m.syncs.WithLabelValues("error")); v != 5 {
-		t.Errorf("failed syncs metric %v, want 5", v)
+	if got := calls[5].Sub(calls[4]); got > 400*time.Millisecond {
+		t.Errorf("wait after failure 5: %v, want about the 200 ms cap", got)
 	}
-	eventually(t, func() bool { st, _ := l.Statuses(); return len(st) == 1 })
+	eventually(t, func() bool { return testutil.ToFloat64(l.m.syncs.WithLabelValues("error")) == 5 })
 	st, _ := l.Statuses()
 	if len(st) != 1 || !st[0].Installed {
 		t.Errorf("statuses after recovery: %+v", st)
 	}
-	// The backoff is reset: a change now syncs within the coalescing delay.
-	start := time.Now()
-	src.kick()
-	sy.waitSyncs(t, 1)
-	if d := time.Since(start); d > 60*time.Millisecond {
-		t.Errorf("a change after recovery synced after %v; the backoff was not reset", d)
+	// The success reset the backoff: the next failure waits MinBackoff
+	// again, not the cap.
+	eventually(t, func() bool { return testutil.ToFloat64(l.m.syncs.WithLabelValues("ok")) == 2 })
+	calls = fail(1)
+	if got := calls[1].Sub(calls[0]); got > 150*time.Millisecond {
+		t.Errorf("a failure after recovery waited %v; the backoff was not reset (want about 20 ms)", got)
 	}
 }
 
@@ -313,9 +336,9 @@ func TestLoopReportsOncePerChange(t *testing.T) {
 	}
 
 	sy.setDown("n2", false)
-	sy.waitSyncs(t, 3)
+	sy.freshSyncs(t, 3)
 	sy.setDown("n2", true)
-	sy.waitSyncs(t, 3)
+	sy.freshSyncs(t, 3)
 	eventually(t, func() bool { return len(ev.list()) >= 3 })
 	if got := ev.list(); len(got) != 3 || !strings.HasPrefix(got[2], "n2 NodeUnreachable") {
 		t.Errorf("events after n2 recovered and failed again: %q, want a second NodeUnreachable", got)
