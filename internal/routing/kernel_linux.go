@@ -338,10 +338,14 @@ func addrOf(ip net.IP) netip.Addr {
 	return a.Unmap()
 }
 
-// nextHop is the route's gateway (or RTA_VIA), invalid when it has none.
+// nextHop is the route's gateway (or RTA_VIA; the first path's of a
+// multipath route), invalid when it has none.
 func nextHop(r netlink.Route) netip.Addr {
 	if r.Gw != nil {
 		return addrOf(r.Gw)
+	}
+	if len(r.MultiPath) > 0 && r.MultiPath[0].Gw != nil {
+		return addrOf(r.MultiPath[0].Gw)
 	}
 	if v, ok := r.Via.(*netlink.Via); ok && v != nil {
 		return addrOf(v.Addr)
