@@ -1,6 +1,7 @@
 package routing_test
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -205,4 +206,19 @@ func TestDirectIPv4ViaIPv6(t *testing.T) {
 		t.Errorf("table: %q", got)
 	}
 	pingAll(t, nodes...)
+}
+
+// TestCancelledSync: a Sync whose context is already done changes nothing.
+func TestCancelledSync(t *testing.T) {
+	nodes := lan(t, 2)
+	before := harness.Snapshot(t, nodes[0].ns)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
+		k := newKernel(t, nodes[0], routing.KernelConfig{Mode: mode, LocalAddrs: nodes[0].addrs})
+		if _, err := k.Sync(ctx, remotes(nodes[0], nodes...)); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: got %v, want context.Canceled", mode, err)
+		}
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, nodes[0].ns))
 }
