@@ -183,6 +183,9 @@ func validLinkName(name string) bool {
 // VXLAN device (by name, when it carries skein's alias) with its FDB and
 // permanent neighbour entries are ever changed.
 //
+// ctx is checked before the first write of each mode (a cancelled Sync
+// changes nothing); once writing, Sync runs to the end.
+//
 // A remote that cannot be routed (no usable node address, an unreachable
 // node, a block another remote already claims, a kernel refusal of its
 // route) gets Installed false and a Reason; the error is for failures of the
@@ -203,9 +206,9 @@ func (k *Kernel) Sync(ctx context.Context, remotes []Remote) ([]Status, error) {
 	)
 	switch k.cfg.Mode {
 	case ModeDirect:
-		st, err = k.syncDirect(remotes)
+		st, err = k.syncDirect(ctx, remotes)
 	case ModeVXLAN:
-		st, err = k.syncVXLAN(remotes)
+		st, err = k.syncVXLAN(ctx, remotes)
 	default:
 		st, err = k.syncExport(remotes)
 	}
@@ -338,10 +341,14 @@ func addrOf(ip net.IP) netip.Addr {
 	return a.Unmap()
 }
 
-// nextHop is the route's gateway (or RTA_VIA), invalid when it has none.
+// nextHop is the route's gateway (or RTA_VIA; the first path's of a
+// multipath route), invalid when it has none.
 func nextHop(r netlink.Route) netip.Addr {
 	if r.Gw != nil {
 		return addrOf(r.Gw)
+	}
+	if len(r.MultiPath) > 0 && r.MultiPath[0].Gw != nil {
+		return addrOf(r.MultiPath[0].Gw)
 	}
 	if v, ok := r.Via.(*netlink.Via); ok && v != nil {
 		return addrOf(v.Addr)

@@ -1,6 +1,7 @@
 package routing_test
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -196,9 +197,6 @@ func TestDirectIPv4ViaIPv6(t *testing.T) {
 	nodes := lan(t, 2)
 	for _, n := range nodes {
 		n.addrs = n.addrs[1:] // IPv6 only
-		// IPv4 pings via an IPv6 next hop went unanswered in the underlay's
-		// first second (link-local DAD still running); let it settle.
-		harness.Snapshot(t, n.ns)
 	}
 	for _, n := range nodes {
 		k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: n.addrs})
@@ -208,4 +206,19 @@ func TestDirectIPv4ViaIPv6(t *testing.T) {
 		t.Errorf("table: %q", got)
 	}
 	pingAll(t, nodes...)
+}
+
+// TestCancelledSync: a Sync whose context is already done changes nothing.
+func TestCancelledSync(t *testing.T) {
+	nodes := lan(t, 2)
+	before := harness.Snapshot(t, nodes[0].ns)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
+		k := newKernel(t, nodes[0], routing.KernelConfig{Mode: mode, LocalAddrs: nodes[0].addrs})
+		if _, err := k.Sync(ctx, remotes(nodes[0], nodes...)); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: got %v, want context.Canceled", mode, err)
+		}
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, nodes[0].ns))
 }

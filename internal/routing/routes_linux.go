@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -161,7 +162,10 @@ func (k *Kernel) reach(a netip.Addr, cache map[netip.Addr]reachability) reachabi
 // Table proto Protocol". An IPv4 block of a node with only an IPv6 address
 // goes via that address (RTA_VIA, RFC 5549); the kernel has no IPv6 routes
 // via IPv4 next hops, so the reverse case is reported.
-func (k *Kernel) syncDirect(remotes []Remote) ([]Status, error) {
+func (k *Kernel) syncDirect(ctx context.Context, remotes []Remote) ([]Status, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := k.setRules(true); err != nil {
 		return nil, err
 	}

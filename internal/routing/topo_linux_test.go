@@ -156,7 +156,19 @@ func lan(t testing.TB, count int) []*node {
 		u.attach(t, n, 0, pfx(fmt.Sprintf("192.168.50.%d/24", i)), pfx(fmt.Sprintf("fd50::%d/64", i)))
 		nodes = append(nodes, n)
 	}
+	settle(t, nodes...)
 	return nodes
+}
+
+// settle waits until IPv6 on the nodes' and pods' new links has settled
+// (harness.Snapshot waits for link-local DAD): pings across nodes went
+// unanswered in the links' first second, before that.
+func settle(t testing.TB, nodes ...*node) {
+	t.Helper()
+	for _, n := range nodes {
+		harness.Snapshot(t, n.ns)
+		harness.Snapshot(t, n.pod)
+	}
 }
 
 func newKernel(t testing.TB, n *node, cfg routing.KernelConfig) *routing.Kernel {

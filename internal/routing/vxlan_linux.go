@@ -2,6 +2,7 @@ package routing
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -195,7 +196,7 @@ func (k *Kernel) ensureDevice(local netip.Addr, link, mtu int) (int, error) {
 }
 
 // syncVXLAN: see the comment at the top of the file.
-func (k *Kernel) syncVXLAN(remotes []Remote) ([]Status, error) {
+func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, error) {
 	local := k.cfg.LocalAddrs[0]
 	link, mtu, err := k.underlay(local)
 	if err != nil {
@@ -205,6 +206,9 @@ func (k *Kernel) syncVXLAN(remotes []Remote) ([]Status, error) {
 		mtu = k.cfg.VXLAN.MTU
 	} else {
 		mtu = PodMTU(mtu, local)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	dev, err := k.ensureDevice(local, link, mtu)
 	if err != nil {

@@ -176,6 +176,7 @@ func TestRoutedUnderlay(t *testing.T) {
 		n.addrs = []netip.Addr{ip(fmt.Sprintf("192.168.6%d.1", i))}
 		nodes = append(nodes, n)
 	}
+	settle(t, nodes...)
 	before := harness.Snapshot(t, nodes[0].ns)
 
 	direct := newKernel(t, nodes[0], routing.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: nodes[0].addrs})
@@ -293,4 +294,29 @@ func TestForeignDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, n.ns))
+}
+
+// TestOrphanDevice: a VXLAN device of skein's name and MAC but without the
+// alias (a crash between creating it and setting the alias) is adopted,
+// not refused.
+func TestOrphanDevice(t *testing.T) {
+	nodes := lan(t, 2)
+	n := nodes[0]
+	h := n.ns.Handle(t)
+	ul, err := h.LinkByName("ul0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: routing.DefaultVXLANDevice, HardwareAddr: routing.MACFor(n.addrs[0])},
+		VxlanId: 7, VtepDevIndex: ul.Attrs().Index, SrcAddr: n.addrs[0].AsSlice(), Port: 4789}
+	if err := h.LinkAdd(orphan); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range nodes {
+		requireInstalled(t, mustSync(t, newKernel(t, o, vxlanCfg(o, false)), remotes(o, nodes...)))
+	}
+	if d := device(t, n); d.VxlanId != routing.DefaultVXLANVNI || d.Alias != "skein:routing:vxlan" {
+		t.Errorf("device: vni %d alias %q", d.VxlanId, d.Alias)
+	}
+	pingAll(t, nodes...)
 }
