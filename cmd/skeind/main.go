@@ -172,7 +172,7 @@ func newCommand() *cobra.Command {
 		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes; their routes go to table 120 (protocol 32, looked up at rule priority 2001), synced on every change of the cluster's blocks and nodes and every 30 s, and kept when skeind stops. "+
 		"Switching to export removes them at start. See skeinctl route list")
 	f.StringVar(&cfg.Routing.NodeAddress, "node-address", "", "this node's underlay addresses for direct and vxlan routing, comma separated, at most one per family (e.g. 192.0.2.10,2001:db8::10); "+
-		"skeind writes them on its Node as the annotation skein.dev/node-address, which peers prefer to the Node's InternalIPs. Empty: the annotation as it is, else the InternalIPs")
+		"skeind writes them on its Node as the annotation skein.dev/node-address, which peers prefer to the Node's InternalIPs. Empty: the annotation as it is, else the InternalIPs. In vxlan mode the first address is the tunnel's underlay (and decides its family)")
 	f.IntVar(&cfg.Routing.VXLAN.VNI, "vxlan-vni", 0, "VXLAN network identifier of --routing vxlan, 1..16777215, the same on every node (0: 4100)")
 	f.IntVar(&cfg.Routing.VXLAN.Port, "vxlan-port", 0, "UDP port of --routing vxlan, 1..65535, the same on every node (0: 4789)")
 	f.IntVar(&cfg.Routing.VXLAN.MTU, "vxlan-mtu", 0, "MTU of the VXLAN device of --routing vxlan, 1280..65535 (0: the underlay link's MTU minus 50 on an IPv4 underlay, 70 on IPv6); with --mtu 0 pods get this MTU")
