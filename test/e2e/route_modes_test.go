@@ -3,9 +3,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -92,7 +95,8 @@ func (rc *routeCluster) nodeAddr(owner string, v6 bool) netip.Addr {
 // with the wanted set: one route per remote block in reach(owner) (every
 // other block must have none), via the owner's address (direct) or
 // through the VXLAN device with a permanent neighbour entry for the block
-// and an FDB entry for its node (vxlan); none at all in export mode.
+// and an FDB entry for its node, and no other permanent neighbour or FDB
+// entry on the device (vxlan); none at all in export mode.
 // Routes of other protocols in the table are left out. It returns what
 // differs.
 func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owner string) bool) []string {
@@ -144,6 +148,7 @@ func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owne
 	if rc.mode == routing.ModeExport {
 		wanted = nil // export mode installs nothing of its own
 	}
+	peers := map[string]bool{} // FDB entries wanted, by MAC
 	for p, owner := range wanted {
 		r, ok := have[p]
 		delete(have, p)
@@ -171,13 +176,25 @@ func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owne
 			if n, ok := neigh[p.Addr()]; !ok || !bytes.Equal(n.HardwareAddr, mac) || n.State&netlink.NUD_PERMANENT == 0 {
 				problems = append(problems, fmt.Sprintf("%s: neighbour %s on %s is %+v, want %s permanent", self, p.Addr(), routing.DefaultVXLANDevice, n, mac))
 			}
+			delete(neigh, p.Addr())
 			if dst, ok := fdb[mac.String()]; !ok || dst != peer {
 				problems = append(problems, fmt.Sprintf("%s: fdb entry of %s (%s) has destination %v, want %s", self, owner, mac, dst, peer))
 			}
+			peers[mac.String()] = true
 		}
 	}
 	for _, r := range have {
 		problems = append(problems, fmt.Sprintf("%s holds a stale route %s", self, routeDesc(r)))
+	}
+	for a, n := range neigh {
+		if n.State&netlink.NUD_PERMANENT != 0 {
+			problems = append(problems, fmt.Sprintf("%s holds a stale neighbour %s lladdr %s on %s", self, a, n.HardwareAddr, routing.DefaultVXLANDevice))
+		}
+	}
+	for mac, dst := range fdb {
+		if !peers[mac] {
+			problems = append(problems, fmt.Sprintf("%s holds a stale fdb entry %s dst %s on %s", self, mac, dst, routing.DefaultVXLANDevice))
+		}
 	}
 	slices.Sort(problems)
 	return problems
@@ -361,10 +378,34 @@ func TestRouteRouted(t *testing.T) {
 				t.Errorf("skein_route_unreachable_nodes on %s is %q, want %s", n.Name, got, want)
 			}
 		}
-		for _, r := range rc.listRoutes(t, rc.Nodes[0].Name).Routes {
-			if r.Node == rc.Nodes[2].Name {
-				t.Logf("%s reports %s of %s: installed=%v reason %q", rc.Nodes[0].Name, r.Block, r.Node, r.Installed, r.Reason)
+		// skeinctl route list says so too, naming the node's address.
+		n1, n3 := rc.Nodes[0], rc.Nodes[2]
+		out, err := exec.Command(filepath.Join(n1.D.BinDir, "skeinctl"), "--socket", n1.D.Socket, "-o", "json", "route", "list").CombinedOutput()
+		if err != nil {
+			t.Fatalf("skeinctl route list: %v\n%s", err, out)
+		}
+		var rows []routeListRow
+		if err := json.Unmarshal(out, &rows); err != nil {
+			t.Fatalf("skeinctl route list -o json: %v\n%s", err, out)
+		}
+		unreachable := 0
+		for _, r := range rows {
+			if r.Node != n3.Name {
+				continue
 			}
+			p, err := netip.ParsePrefix(r.Block)
+			if err != nil {
+				t.Fatalf("skeinctl route list: block %q: %v", r.Block, err)
+			}
+			addr := rc.topo[n3.Name].Addr(p.Addr().Is6()).String()
+			if r.Installed || r.Via != "" || !strings.Contains(r.Reason, addr) {
+				t.Errorf("skeinctl route list on %s: %+v; want not installed, with a reason naming %s", n1.Name, r, addr)
+			}
+			unreachable++
+			t.Logf("skeinctl route list on %s: %s of %s not installed: %s", n1.Name, r.Block, r.Node, r.Reason)
+		}
+		if unreachable != 2 {
+			t.Errorf("skeinctl route list on %s shows %d blocks of %s, want 2 (one per family):\n%s", n1.Name, unreachable, n3.Name, out)
 		}
 		// A Warning event on the unreachable Node, from a node that cannot
 		// reach it.
