@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kubenode"
@@ -102,6 +103,11 @@ func (rc *routeCluster) nodeAddr(owner string, v6 bool) netip.Addr {
 func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owner string) bool) []string {
 	t.Helper()
 	ns := rc.topo[self].NS
+	h, closeH, err := netns.Handle(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeH()
 	var problems []string
 	have := map[netip.Prefix]netlink.Route{}
 	for _, r := range ns.TableRoutes(t, routing.DefaultTable) {
@@ -118,8 +124,6 @@ func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owne
 	var neigh map[netip.Addr]netlink.Neigh
 	var fdb map[string]netip.Addr
 	if rc.mode == routing.ModeVXLAN {
-		h := ns.Handle(t)
-		var err error
 		if vx, err = h.LinkByName(routing.DefaultVXLANDevice); err != nil {
 			return append(problems, fmt.Sprintf("%s: no %s device: %v", self, routing.DefaultVXLANDevice, err))
 		}
@@ -185,6 +189,30 @@ func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owne
 	}
 	for _, r := range have {
 		problems = append(problems, fmt.Sprintf("%s holds a stale route %s", self, routeDesc(r)))
+	}
+	// The rule sending lookups to the table: once per family, none in
+	// export mode.
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := h.RuleList(fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range rules {
+			if r.Table == routing.DefaultTable {
+				n++
+				if r.Priority != routing.DefaultRulePriority {
+					problems = append(problems, fmt.Sprintf("%s: rule to table %d at priority %d, want %d", self, r.Table, r.Priority, routing.DefaultRulePriority))
+				}
+			}
+		}
+		want := 1
+		if rc.mode == routing.ModeExport {
+			want = 0
+		}
+		if n != want {
+			problems = append(problems, fmt.Sprintf("%s: %d rules (family %d) to table %d, want %d", self, n, fam, routing.DefaultTable, want))
+		}
 	}
 	for a, n := range neigh {
 		if n.State&netlink.NUD_PERMANENT != 0 {
