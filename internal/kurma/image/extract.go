@@ -109,6 +109,17 @@ func cleanPath(name string) (p, reason string) {
 	return strings.Join(out, "/"), ""
 }
 
+func kind(fi fs.FileInfo) string {
+	switch t := fi.Mode().Type(); {
+	case t == fs.ModeSymlink:
+		return "symlink"
+	case t == 0:
+		return "file"
+	default:
+		return t.String()
+	}
+}
+
 func depth(p string) int {
 	if p == "" {
 		return 0
@@ -185,7 +196,7 @@ func (a *applier) parents(name, p string) error {
 		case err != nil:
 			return fmt.Errorf("entry %q: %w", name, err)
 		case !fi.IsDir():
-			return unsafeEntry(name, fmt.Sprintf("parent %q is not a directory (%s)", q, fi.Mode().Type()))
+			return unsafeEntry(name, fmt.Sprintf("parent %q is a %s, not a directory", q, kind(fi)))
 		}
 		a.dirs[q] = true
 	}
@@ -210,7 +221,7 @@ func (a *applier) existingParent(name, p string) (bool, error) {
 		case err != nil:
 			return false, fmt.Errorf("entry %q: %w", name, err)
 		case !fi.IsDir():
-			return false, unsafeEntry(name, fmt.Sprintf("parent %q is not a directory (%s)", q, fi.Mode().Type()))
+			return false, unsafeEntry(name, fmt.Sprintf("parent %q is a %s, not a directory", q, kind(fi)))
 		}
 		a.dirs[q] = true
 	}
