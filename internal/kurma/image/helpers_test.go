@@ -285,3 +285,12 @@ func snapshot(t testing.TB, dir string) string {
 	}
 	return buf.String()
 }
+
+func readFile(t testing.TB, root, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
