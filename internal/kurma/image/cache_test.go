@@ -287,3 +287,28 @@ func TestAcquireCancelled(t *testing.T) {
 		t.Errorf("cache holds %v", names)
 	}
 }
+
+// TestHTTPS: the same over TLS (the server's certificate trusted through
+// Options.Transport).
+func TestHTTPS(t *testing.T) {
+	top := t.TempDir()
+	payload := writeACI(t, filepath.Join(top, "p.aci"), pluginEnts(), true)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeFile(w, r, payload)
+	}))
+	defer srv.Close()
+	cache := newCache(t, Options{Transport: srv.Client().Transport})
+	d := sha256File(t, payload)
+	img, release, err := acquire(t, cache, Source{Image: srv.URL + "/p.aci", Digest: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if img.Digest != d || img.Format != FormatACI {
+		t.Errorf("got %s %s", img.Digest, img.Format)
+	}
+	// Without trusting the certificate the download fails.
+	if _, _, err := acquire(t, newCache(t, Options{}), Source{Image: srv.URL + "/p.aci", Digest: d}); err == nil {
+		t.Error("an untrusted certificate was accepted")
+	}
+}

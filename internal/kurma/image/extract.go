@@ -130,12 +130,12 @@ func depth(p string) int {
 // entry applies one tar entry whose name has already been mapped into the
 // image (for an ACI, without its "rootfs/" prefix).
 func (a *applier) entry(name string, hdr *tar.Header, r io.Reader) error {
-	if hdr.Typeflag == tar.TypeXGlobalHeader {
-		return nil
-	}
 	a.lim.entries++
 	if a.lim.entries > a.lim.maxEntries {
 		return fmt.Errorf("more than %d entries: %w", a.lim.maxEntries, ErrLimit)
+	}
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		return nil
 	}
 	p, err := cleanName(name)
 	if err != nil {

@@ -28,7 +28,7 @@ type testRegistry struct {
 	blobGets atomic.Int64
 }
 
-func startRegistry(t *testing.T) *testRegistry {
+func startRegistry(t testing.TB) *testRegistry {
 	t.Helper()
 	r := &testRegistry{}
 	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))

@@ -142,6 +142,9 @@ func applyACI(ctx context.Context, r io.Reader, a *applier) (meta, error) {
 			return meta{}, fmt.Errorf("read aci: %w", err)
 		}
 		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			if err := a.entry("", hdr, tr); err != nil { // counted, skipped
+				return meta{}, err
+			}
 			continue
 		}
 		p, err := cleanName(hdr.Name)
@@ -313,14 +316,18 @@ func detect(path string, maxEntries int) (Format, error) {
 		case p == "rootfs" || strings.HasPrefix(p, "rootfs/"):
 			aciRoot = true
 		}
-	}
-	switch {
-	case docker:
-		return FormatDocker, nil
-	case ociLayout && ociIndex:
-		return FormatOCIArchive, nil
-	case aciMan && aciRoot:
-		return FormatACI, nil
+		// Stop at the first sure sign: the formats' marker files never
+		// appear together in archives made by their tools, except that
+		// Docker 25+ writes an OCI layout and manifest.json in one tar,
+		// which both readers accept.
+		switch {
+		case docker:
+			return FormatDocker, nil
+		case ociLayout && ociIndex:
+			return FormatOCIArchive, nil
+		case aciMan && aciRoot:
+			return FormatACI, nil
+		}
 	}
 	return "", errors.New("archive is neither a docker save tar, an OCI layout tar nor an ACI")
 }
