@@ -312,3 +312,35 @@ func TestHTTPS(t *testing.T) {
 		t.Error("an untrusted certificate was accepted")
 	}
 }
+
+// TestBadFiles: file references to what is not an image give clear
+// errors and leave the cache empty.
+func TestBadFiles(t *testing.T) {
+	top := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(top, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	os.Mkdir(filepath.Join(top, "emptydir"), 0o755)
+	cases := map[string]string{
+		filepath.Join(top, "missing"):                                                                    "no such file",
+		filepath.Join(top, "emptydir"):                                                                   "not an OCI image layout",
+		write("garbage", []byte("this is not a tar"+strings.Repeat(" ", 600))):                           "not a tar",
+		write("plain.tar", mkTar(t, file("hello", "x"))):                                                 "neither a docker save tar",
+		write("x.tar.xz", []byte("\xfd7zXZ\x00rest")):                                                    "xz compression is not supported",
+		write("no-manifest.aci", mkTar(t, file("manifest", `{"acKind":"PodManifest"}`), dir("rootfs/"))): "acKind",
+	}
+	cache := newCache(t, Options{})
+	for p, want := range cases {
+		_, _, err := acquire(t, cache, Source{Image: "file://" + p})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error with %q", filepath.Base(p), err, want)
+		}
+	}
+	if names := cacheEntries(t, cache); len(names) != 0 {
+		t.Errorf("cache holds %v", names)
+	}
+}
