@@ -84,8 +84,8 @@ func TestFileFormats(t *testing.T) {
 // TestWhiteouts: a later layer's .wh.NAME removes NAME and its opaque
 // marker hides what lower layers put in its directory, keeping its own.
 func TestWhiteouts(t *testing.T) {
-	l1 := mkTar(t, append(pluginEnts(), dir("a/"), file("a/x", "1"), file("a/y", "1"), dir("b/"), file("b/z", "1"), dir("b/sub/"), file("b/sub/w", "1"), file("keep", "1"))...)
-	l2 := mkTar(t, file("a/.wh.x", ""), file("b/new", "2"), file("b/.wh..wh..opq", ""), file(".wh.missing", ""), dir("a/x2/"))
+	l1 := mkTar(t, append(pluginEnts(), dir("a/"), file("a/x", "1"), file("a/y", "1"), dir("b/"), file("b/z", "1"), dir("b/sub/"), file("b/sub/w", "1"), file("keep", "1"), file("c/d/e", "1"))...)
+	l2 := mkTar(t, file("a/.wh.x", ""), file(".wh.c", ""), file("b/new", "2"), file("b/.wh..wh..opq", ""), file(".wh.missing", ""), dir("a/x2/"))
 	l3 := mkTar(t, file("a/x", "3")) // re-created after its whiteout
 	src := writeLayout(t, filepath.Join(t.TempDir(), "layout"), mkImage(t, l1, l2, l3))
 	img, release, err := acquire(t, newCache(t, Options{}), Source{Image: "file://" + src})
