@@ -41,7 +41,9 @@
 //     depth; an absolute symlink target is rewritten to the equivalent
 //     relative one (it meant the image root), so no link in the cache
 //     leads outside it, whoever follows it;
-//   - hard links must name an existing non-directory inside the image;
+//   - hard links must name an existing regular file inside the image (a
+//     hard link to a symlink would move it to a depth where its ".."
+//     could climb out);
 //   - device nodes and FIFOs are refused; setuid, setgid bits are dropped;
 //     ownership is not kept (everything belongs to the daemon's user);
 //   - whiteouts (.wh.NAME, .wh..wh..opq) of OCI layers are applied,

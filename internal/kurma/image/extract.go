@@ -412,6 +412,11 @@ func (a *applier) hardlink(name, p, target string) error {
 	if fi.IsDir() {
 		return unsafeEntry(name, fmt.Sprintf("hard link to directory %q", target))
 	}
+	// A hard link to a symlink would move the link to another depth, where
+	// its leading ".." could climb out of the image.
+	if fi.Mode().Type() == fs.ModeSymlink {
+		return unsafeEntry(name, fmt.Sprintf("hard link to symlink %q", target))
+	}
 	if err := a.replace(name, p); err != nil {
 		return err
 	}

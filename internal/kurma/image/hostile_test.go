@@ -47,6 +47,7 @@ func TestHostileImagesRefused(t *testing.T) {
 		{name: "hardlink-through-symlink", layers: func(o string) [][]ent {
 			return [][]ent{append(pluginEnts(), symlink("esc", o), hardlink("hl", "esc/secret"))}
 		}, aci: true, want: ErrUnsafeEntry},
+		{name: "hardlink-to-symlink", layers: one(dir("deep/a/b/"), symlink("deep/a/b/l", up), hardlink("esc", "deep/a/b/l")), aci: true, want: ErrUnsafeEntry},
 		{name: "char-device", layers: one(ent{name: "dev/mem", typ: tar.TypeChar, mode: 0o666}), aci: true, want: ErrUnsafeEntry},
 		{name: "block-device", layers: one(ent{name: "sda", typ: tar.TypeBlock, mode: 0o666}), want: ErrUnsafeEntry},
 		{name: "fifo", layers: one(ent{name: "fifo", typ: tar.TypeFifo, mode: 0o666}), aci: true, want: ErrUnsafeEntry},
