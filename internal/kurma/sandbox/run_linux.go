@@ -1,0 +1,229 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// Sandbox runs executables from image rootfs directories, each call in a
+// sandbox of its own (see the package comment). It is safe for concurrent
+// use; it does not limit concurrency itself (Runner does).
+type Sandbox struct {
+	opts Options
+}
+
+// New returns a Sandbox, creating the scratch directory.
+func New(o Options) (*Sandbox, error) {
+	o = o.withDefaults()
+	if err := absClean("scratch directory", o.ScratchDir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.ScratchDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox scratch directory: %w", err)
+	}
+	return &Sandbox{opts: o}, nil
+}
+
+// Result is what a successful call produced.
+type Result struct {
+	Stdout   []byte // at most Options.StdoutLimit bytes
+	Stderr   []byte // the last Options.StderrLimit bytes (logs)
+	Duration time.Duration
+}
+
+// Run runs spec to completion: the executable's stdout on exit status 0,
+// otherwise an *Error wrapping ErrExit, ErrTimeout, ErrOutputTooLarge,
+// ErrSetup or the context's error. Bad specs fail before anything runs.
+// Whatever way the call ends, nothing it started is left running and no
+// mount of it remains.
+func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
+	timeout := spec.Timeout
+	if timeout <= 0 {
+		timeout = s.opts.Timeout
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	ctx, stop := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
+	defer stop()
+
+	begin := time.Now()
+	stdout := &limitWriter{limit: s.opts.StdoutLimit, over: func() { cancel(ErrOutputTooLarge) }}
+	stderr := &tailWriter{limit: s.opts.StderrLimit}
+	fail := func(err error) *Error {
+		return &Error{Path: spec.Path, Err: err, ExitCode: -1, Stderr: stderr.bytes()}
+	}
+
+	cmd, err := s.start(ctx, spec, stdout, stderr)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			e.Stderr = stderr.bytes()
+			if ctx.Err() != nil {
+				e.Err = s.contextErr(ctx, timeout)
+			}
+			return nil, e
+		}
+		return nil, err
+	}
+	werr := cmd.Wait()
+	res := &Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.bytes(), Duration: time.Since(begin)}
+	switch {
+	case stdout.hit:
+		return nil, fail(fmt.Errorf("%w of %d bytes", ErrOutputTooLarge, s.opts.StdoutLimit))
+	case werr == nil:
+		return res, nil
+	case ctx.Err() != nil:
+		return nil, fail(s.contextErr(ctx, timeout))
+	}
+	e := fail(fmt.Errorf("%w: %w", ErrExit, werr))
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			e.Signal = ws.Signal().String()
+		} else {
+			e.ExitCode = ee.ExitCode()
+		}
+	} else {
+		// Not an exit status: an I/O error around the process.
+		e.Err = fmt.Errorf("wait: %w", werr)
+	}
+	e.CNI = parseCNIError(res.Stdout)
+	return nil, e
+}
+
+func (s *Sandbox) contextErr(ctx context.Context, timeout time.Duration) error {
+	cause := context.Cause(ctx)
+	if errors.Is(cause, ErrTimeout) {
+		return fmt.Errorf("%w after %s (process tree killed)", ErrTimeout, timeout)
+	}
+	if errors.Is(cause, ErrOutputTooLarge) {
+		return fmt.Errorf("%w of %d bytes", ErrOutputTooLarge, s.opts.StdoutLimit)
+	}
+	return fmt.Errorf("canceled (process tree killed): %w", cause)
+}
+
+// start checks spec, starts the sandbox's init and returns once the
+// executable runs (its init exec'd it) or setup failed (an *Error wrapping
+// ErrSetup; the child has been waited for). Cancelling ctx kills the tree.
+func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	is, err := s.initSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(is)
+	if err != nil {
+		return nil, fmt.Errorf("encode sandbox spec: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox status pipe: %w", err)
+	}
+	defer errR.Close()
+
+	cmd := exec.CommandContext(ctx, s.opts.InitPath)
+	cmd.Args = []string{initArg0}
+	cmd.Env = []string{specEnv + "=" + string(raw)}
+	cmd.Stdin = bytes.NewReader(spec.Stdin)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.ExtraFiles = []*os.File{errW}
+	cmd.Dir = "/"
+	// The init is PID 1 of the new PID namespace: SIGKILL to it (timeout,
+	// cancel) takes the whole tree with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	// Everything the tree holds dies with the init, so the pipes close
+	// promptly; the delay only bounds a kernel surprise.
+	cmd.WaitDelay = 2 * time.Second
+
+	// Pdeathsig fires when the forking thread exits, not the process; the
+	// Go runtime ends a thread only when a goroutine locked to it exits, so
+	// fork from a thread held for the occasion.
+	runtime.LockOSThread()
+	err = cmd.Start()
+	runtime.UnlockOSThread()
+	errW.Close()
+	if err != nil {
+		return nil, &Error{Path: spec.Path, Err: fmt.Errorf("%w: start sandbox init %s: %w", ErrSetup, s.opts.InitPath, err), ExitCode: -1}
+	}
+	msg, _ := io.ReadAll(errR)
+	if len(msg) > 0 || ctx.Err() != nil {
+		cmd.Wait()
+		if len(msg) == 0 {
+			msg = []byte("interrupted")
+		}
+		return nil, &Error{Path: spec.Path, Err: fmt.Errorf("%w: %s", ErrSetup, msg), ExitCode: -1}
+	}
+	return cmd, nil
+}
+
+// initSpec checks spec against the filesystem and turns it into the
+// child's instructions.
+func (s *Sandbox) initSpec(spec Spec) (*initSpec, error) {
+	if err := spec.validate(); err != nil {
+		return nil, fmt.Errorf("sandbox spec: %w", err)
+	}
+	if err := isDir(spec.Rootfs); err != nil {
+		return nil, fmt.Errorf("sandbox spec: rootfs: %w", err)
+	}
+	is := &initSpec{
+		Scratch: s.opts.ScratchDir,
+		Rootfs:  spec.Rootfs,
+		Path:    spec.Path,
+		Args:    spec.Args,
+		Env:     env(spec.Env),
+		TmpSize: s.opts.TmpSize,
+	}
+	if spec.NetNS != "" {
+		if err := netns.IsNetNS(spec.NetNS); err != nil {
+			return nil, fmt.Errorf("sandbox spec: %w", err)
+		}
+		is.NetNSDirs = append(is.NetNSDirs, filepath.Dir(spec.NetNS))
+	}
+	for _, d := range spec.NetNSDirs {
+		if err := isDir(d); err != nil {
+			return nil, fmt.Errorf("sandbox spec: netns directory: %w", err)
+		}
+		if len(is.NetNSDirs) == 0 || is.NetNSDirs[0] != d {
+			is.NetNSDirs = append(is.NetNSDirs, d)
+		}
+	}
+	if spec.StateDir != "" {
+		if err := isDir(spec.StateDir); err != nil {
+			return nil, fmt.Errorf("sandbox spec: state directory: %w", err)
+		}
+		is.StateDir = spec.StateDir
+		is.StateMount = spec.StateMount
+		if is.StateMount == "" {
+			is.StateMount = DefaultStateMount
+		}
+	}
+	if isDir(s.opts.ModulesDir) == nil {
+		is.ModulesDir = s.opts.ModulesDir
+	}
+	return is, nil
+}
+
+func isDir(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s: not a directory", p)
+	}
+	return nil
+}
