@@ -8,12 +8,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
 )
 
 type probeReport struct {
@@ -369,4 +372,58 @@ func TestMountCheckCatchesLeaks(t *testing.T) {
 	if len(ours) != 1 || !strings.HasPrefix(ours[0], "+") {
 		t.Fatalf("diff = %v, want the one leaked mount", ours)
 	}
+}
+
+// TestRunnerRealCalls: 20 real sandboxed calls across 5 pods with a cap of
+// 4. The plugins themselves record (in the shared state directory) how many
+// run at once and the start and end of each call per pod.
+func TestRunnerRealCalls(t *testing.T) {
+	e := newEnv(t, Options{})
+	var pods []string
+	for i := range 5 {
+		p := filepath.Join(filepath.Dir(e.netns), fmt.Sprintf("pod-%d", i))
+		if err := netns.Create(p); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { netns.Remove(p) })
+		pods = append(pods, p)
+	}
+	r := NewRunner(e.sb, 4)
+	begin := time.Now()
+	errs := submit(t, r, 20, func(i int) (context.Context, string, Spec) {
+		pod, seq := i%5, i/5
+		uuid := fmt.Sprintf("00000000-0000-0000-0000-00000000000%d", pod)
+		p := Plugin{Rootfs: e.rootfs, StateDir: e.state,
+			Config: fmt.Appendf(nil, `{"mode":"sleep","ms":150,"pod":"%d","seq":%d}`, pod, seq)}
+		return context.Background(), uuid, p.Call(OpAdd, pods[pod], uuid, "eth0")
+	})
+	took := time.Since(begin)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(e.state, "concurrency"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := 0
+	for _, l := range strings.Fields(string(b)) {
+		n, _ := strconv.Atoi(l)
+		peak = max(peak, n)
+	}
+	if peak > 4 || peak < 2 {
+		t.Errorf("plugins saw up to %d calls running at once; want 2..4", peak)
+	}
+	for pod := range 5 {
+		b, err := os.ReadFile(filepath.Join(e.state, fmt.Sprintf("order-%d", pod)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "start 0\nend 0\nstart 1\nend 1\nstart 2\nend 2\nstart 3\nend 3\n"
+		if string(b) != want {
+			t.Errorf("pod %d calls ran as\n%s\nwant one at a time in order", pod, b)
+		}
+	}
+	t.Logf("20 calls of 150 ms, cap 4: %v (peak %d at once)", took, peak)
 }
