@@ -65,7 +65,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return &Error{Path: spec.Path, Err: err, ExitCode: -1, Stderr: stderr.bytes()}
 	}
 
-	cmd, err := s.start(ctx, spec, stdout, stderr)
+	cmd, err := s.start(ctx, spec, stdout, stderr, stopHow{})
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
@@ -114,10 +114,19 @@ func (s *Sandbox) contextErr(ctx context.Context, timeout time.Duration) error {
 	return fmt.Errorf("canceled (process tree killed): %w", cause)
 }
 
+// stopHow says how cancelling a started tree ends it: with signal (default
+// SIGKILL), then SIGKILL after grace (default 2 s; it also bounds waiting
+// for the output pipes after the init exited).
+type stopHow struct {
+	signal syscall.Signal
+	grace  time.Duration
+}
+
 // start checks spec, starts the sandbox's init and returns once the
 // executable runs (its init exec'd it) or setup failed (an *Error wrapping
-// ErrSetup; the child has been waited for). Cancelling ctx kills the tree.
-func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer) (*exec.Cmd, error) {
+// ErrSetup; the child has been waited for). Cancelling ctx stops the tree
+// as stop says.
+func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer, stop stopHow) (*exec.Cmd, error) {
 	is, err := s.initSpec(spec)
 	if err != nil {
 		return nil, err
@@ -146,8 +155,14 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	// Everything the tree holds dies with the init, so the pipes close
-	// promptly; the delay only bounds a kernel surprise.
+	// promptly; the default delay only bounds a kernel surprise.
 	cmd.WaitDelay = 2 * time.Second
+	if stop.grace > 0 {
+		cmd.WaitDelay = stop.grace
+	}
+	if stop.signal != 0 {
+		cmd.Cancel = func() error { return cmd.Process.Signal(stop.signal) }
+	}
 
 	// Pdeathsig fires when the forking thread exits, not the process; the
 	// Go runtime ends a thread only when a goroutine locked to it exits, so
