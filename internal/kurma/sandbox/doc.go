@@ -70,11 +70,12 @@
 // # Getting into the namespaces
 //
 // A multi-threaded Go process must not unshare its mount namespace, so a
-// call re-executes the current binary (/proc/self/exe) with CLONE_NEWNS and
-// CLONE_NEWPID; that child builds the filesystem and execs the plugin. The
-// child recognises itself in this package's init function, before main and
-// before the initialisers of packages that sort after this one, so a binary
-// that imports the package cannot forget the hook and start a second daemon
-// instead. MaybeRunInit is the same hook for a main or a TestMain that wants
-// to say so explicitly; it returns at once in every other process.
+// call starts a fresh process with CLONE_NEWNS and CLONE_NEWPID: the init
+// (package sandboxinit), which builds the filesystem and execs the plugin.
+// The init is the dedicated binary skein-sandbox-init when it is installed
+// beside the running binary (it starts fastest), else the running binary
+// re-executed (/proc/self/exe). A re-executed binary recognises itself in
+// package sandboxinit's init function, before main, so a binary that imports
+// this package cannot forget the hook and start a second daemon instead;
+// MaybeRunInit is the same hook for a main or TestMain that wants to say so.
 package sandbox

@@ -13,8 +13,9 @@ import (
 	"github.com/skeinnet/skein/internal/netns"
 )
 
-// pluginBin is the test plugin (testdata/plugin) built static for the run.
-var pluginBin string
+// pluginBin is the test plugin (testdata/plugin) built static for the run;
+// initBin is cmd/skein-sandbox-init, built the way make builds it.
+var pluginBin, initBin string
 
 func TestMain(m *testing.M) {
 	// The package's init already ran the hook; saying it here documents
@@ -35,11 +36,14 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	pluginBin = filepath.Join(dir, "plugin")
-	build := exec.Command("go", "build", "-trimpath", "-o", pluginBin, "./testdata/plugin")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build test plugin: %v\n%s", err, out)
-		return 1
+	initBin = filepath.Join(dir, DefaultInitName)
+	for bin, pkg := range map[string]string{pluginBin: "./testdata/plugin", initBin: "../../../cmd/skein-sandbox-init"} {
+		build := exec.Command("go", "build", "-trimpath", "-o", bin, pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+			return 1
+		}
 	}
 	return m.Run()
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
 	"github.com/skeinnet/skein/internal/netns"
 )
 
@@ -142,8 +143,8 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 	defer errR.Close()
 
 	cmd := exec.CommandContext(ctx, s.opts.InitPath)
-	cmd.Args = []string{initArg0}
-	cmd.Env = []string{specEnv + "=" + string(raw)}
+	cmd.Args = []string{sandboxinit.Arg0}
+	cmd.Env = []string{sandboxinit.SpecEnv + "=" + string(raw)}
 	cmd.Stdin = bytes.NewReader(spec.Stdin)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.ExtraFiles = []*os.File{errW}
@@ -187,14 +188,14 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 
 // initSpec checks spec against the filesystem and turns it into the
 // child's instructions.
-func (s *Sandbox) initSpec(spec Spec) (*initSpec, error) {
+func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 	if err := spec.validate(); err != nil {
 		return nil, fmt.Errorf("sandbox spec: %w", err)
 	}
 	if err := isDir(spec.Rootfs); err != nil {
 		return nil, fmt.Errorf("sandbox spec: rootfs: %w", err)
 	}
-	is := &initSpec{
+	is := &sandboxinit.Spec{
 		Scratch: s.opts.ScratchDir,
 		Rootfs:  spec.Rootfs,
 		Path:    spec.Path,
@@ -230,6 +231,18 @@ func (s *Sandbox) initSpec(spec Spec) (*initSpec, error) {
 		is.ModulesDir = s.opts.ModulesDir
 	}
 	return is, nil
+}
+
+// defaultInitPath is the dedicated init binary beside the running one, if
+// it is there, else the running binary.
+func defaultInitPath() string {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), DefaultInitName)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return "/proc/self/exe"
 }
 
 func isDir(p string) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -122,6 +123,27 @@ func TestSandboxLayout(t *testing.T) {
 		t.Errorf("rootfs after the call holds %v, want it unchanged %v", names, want)
 	}
 	t.Logf("mounts inside the sandbox:\n%s", r.Mountinfo)
+}
+
+// TestDedicatedInit: the small init binary (cmd/skein-sandbox-init) does
+// what the re-executed test binary does; run by hand it refuses.
+func TestDedicatedInit(t *testing.T) {
+	e := newEnv(t, Options{InitPath: initBin})
+	res, err := e.sb.Run(context.Background(), e.spec(`{"mode":"probe"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r probeReport
+	if err := json.Unmarshal(res.Stdout, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.PID != 1 || !strings.Contains(r.WriteRoot, "read-only file system") || r.WriteState != "" {
+		t.Errorf("through %s: pid %d, image write %q, state write %q", initBin, r.PID, r.WriteRoot, r.WriteState)
+	}
+	out, err := exec.Command(initBin).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "skeind starts it, not people") {
+		t.Errorf("run by hand: %v, %s", err, out)
+	}
 }
 
 // TestHangKilledAtTimeout: a plugin that forks a grandchild (in its own

@@ -16,6 +16,9 @@ const (
 	DefaultStateMount  = "/var/lib/network"
 	DefaultModulesDir  = "/lib/modules"
 	DefaultTmpSize     = 64 << 20
+	// DefaultInitName is the dedicated init binary (cmd/skein-sandbox-init)
+	// looked for beside the running binary.
+	DefaultInitName = "skein-sandbox-init"
 )
 
 // BaseEnv is the environment every sandboxed executable starts with; Spec.Env
@@ -32,9 +35,11 @@ type Options struct {
 	// share it without conflict and the host never sees those mounts).
 	// Created if missing. Default DefaultScratchDir.
 	ScratchDir string
-	// InitPath is the binary re-executed to enter the namespaces; it must
-	// run this package's init (every binary importing the package does).
-	// Default /proc/self/exe.
+	// InitPath is the binary started to enter the namespaces; it must run
+	// package sandboxinit's hook (every binary importing this package
+	// does). Default: DefaultInitName beside the running binary when it is
+	// there (a small binary that starts in about a third of the time
+	// skeind takes), else /proc/self/exe (the running binary itself).
 	InitPath string
 	// Timeout bounds a call that sets none. Default DefaultTimeout (the
 	// contract's one minute).
@@ -58,7 +63,7 @@ func (o Options) withDefaults() Options {
 		o.ScratchDir = DefaultScratchDir
 	}
 	if o.InitPath == "" {
-		o.InitPath = "/proc/self/exe"
+		o.InitPath = defaultInitPath()
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout

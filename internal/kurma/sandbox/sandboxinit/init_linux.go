@@ -1,4 +1,12 @@
-package sandbox
+// Package sandboxinit is the first process of a plugin sandbox (see package
+// sandbox): started by the sandbox in fresh mount and PID namespaces, it
+// builds the sandbox's filesystem, pivots into it and execs the plugin.
+//
+// It is its own small package so that a dedicated binary
+// (cmd/skein-sandbox-init) can hold it and little else: a sandbox call pays
+// for starting the init process, and a small Go binary starts in a fraction
+// of the time a daemon's does (see the sandbox benchmarks).
+package sandboxinit
 
 import (
 	"encoding/json"
@@ -11,46 +19,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The child protocol: argv[0] is initArg0, the layout is JSON in specEnv,
-// fd 3 is the write end of a pipe that stays silent and closes on a
-// successful exec, or carries the reason setup failed.
+// The protocol between a sandbox and its init: argv[0] is Arg0, the
+// layout is Spec as JSON in the environment variable SpecEnv, and file
+// descriptor ErrFD is the write end of a pipe that stays silent and closes
+// on a successful exec, or carries the reason setup failed.
 const (
-	initArg0 = "skein-sandbox-init"
-	specEnv  = "SKEIN_SANDBOX_SPEC"
-	errFD    = 3
+	Arg0    = "skein-sandbox-init"
+	SpecEnv = "SKEIN_SANDBOX_SPEC"
+	ErrFD   = 3
 )
 
-// initSpec is what the child needs to build the sandbox and exec.
-type initSpec struct {
-	Scratch    string   `json:"scratch"`
-	Rootfs     string   `json:"rootfs"`
-	Path       string   `json:"path"`
-	Args       []string `json:"args"`
-	Env        []string `json:"env"`
-	NetNSDirs  []string `json:"netnsDirs,omitempty"`
-	StateDir   string   `json:"stateDir,omitempty"`
-	StateMount string   `json:"stateMount,omitempty"`
-	ModulesDir string   `json:"modulesDir,omitempty"`
-	TmpSize    int64    `json:"tmpSize"`
+// Spec is what the init needs to build the sandbox and exec. Paths are
+// absolute and checked by the sandbox before it starts the init.
+type Spec struct {
+	Scratch    string   `json:"scratch"`              // empty host directory for the scaffolding
+	Rootfs     string   `json:"rootfs"`               // the image, read-only
+	Path       string   `json:"path"`                 // executable inside the image
+	Args       []string `json:"args"`                 // argv[1:]
+	Env        []string `json:"env"`                  // the whole environment
+	NetNSDirs  []string `json:"netnsDirs,omitempty"`  // bound at their own paths
+	StateDir   string   `json:"stateDir,omitempty"`   // bound writable at StateMount
+	StateMount string   `json:"stateMount,omitempty"` // where StateDir appears
+	ModulesDir string   `json:"modulesDir,omitempty"` // bound read-only at /lib/modules
+	TmpSize    int64    `json:"tmpSize"`              // bytes, for /tmp and /run
 }
 
-func init() { MaybeRunInit() }
+func init() { MaybeRun() }
 
-// MaybeRunInit turns the process into a sandbox's init when it was started as
-// one (by Sandbox.Run or a Supervisor), and never returns in that case; in
-// every other process it returns at once. The package's init function already
-// calls it, so a binary importing the package needs nothing more; calling it
-// again first thing in main (or TestMain) is harmless and documents the
-// re-exec.
-func MaybeRunInit() {
-	if len(os.Args) == 0 || os.Args[0] != initArg0 {
+// MaybeRun turns the process into a sandbox's init when it was started as
+// one, and never returns in that case; in every other process it returns at
+// once. The package's init function calls it, so a binary that imports the
+// package (directly or through package sandbox) cannot forget it.
+func MaybeRun() {
+	if len(os.Args) == 0 || os.Args[0] != Arg0 {
 		return
 	}
-	raw, ok := os.LookupEnv(specEnv)
+	raw, ok := os.LookupEnv(SpecEnv)
 	if !ok {
 		return
 	}
-	var s initSpec
+	var s Spec
 	err := json.Unmarshal([]byte(raw), &s)
 	if err == nil {
 		err = s.enter()
@@ -64,7 +72,7 @@ func reportSetup(err error) {
 	if err == nil {
 		err = errors.New("exec returned without an error")
 	}
-	f := os.NewFile(errFD, "sandbox-errors")
+	f := os.NewFile(ErrFD, "sandbox-errors")
 	fmt.Fprint(f, err.Error())
 	f.Close()
 }
@@ -73,8 +81,8 @@ func reportSetup(err error) {
 // already alone in new mount and PID namespaces (its parent cloned it so);
 // mount(2) and pivot_root(2) act on the namespace and the shared fs state,
 // so the Go runtime's other threads are no concern.
-func (s *initSpec) enter() error {
-	unix.CloseOnExec(errFD)
+func (s *Spec) enter() error {
+	unix.CloseOnExec(ErrFD)
 	unix.Umask(0)
 
 	// Step 1: nothing done from here on may reach the host. Every copied
@@ -155,7 +163,7 @@ type mount struct {
 	after func(dirFD int) error
 }
 
-func (s *initSpec) mounts() []mount {
+func (s *Spec) mounts() []mount {
 	const nsd = unix.MS_NOSUID | unix.MS_NODEV
 	tmp := fmt.Sprintf("size=%d,nr_inodes=65536", s.TmpSize)
 	ms := []mount{
