@@ -25,7 +25,7 @@
 //	/tmp, /run     tmpfs, writable, gone with the call
 //	/lib/modules   the host's, read-only, when the host has it
 //	<netns dir>    the directory holding the pod's netns path, at the same
-//	               path, so the argument works as given
+//	               path, so the argument works as given; read-only
 //	/var/lib/network  the network's state directory (host directory given
 //	               by the caller), writable and kept between calls
 //

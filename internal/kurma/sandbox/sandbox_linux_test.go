@@ -21,26 +21,27 @@ import (
 )
 
 type probeReport struct {
-	Args         []string `json:"args"`
-	Env          []string `json:"env"`
-	PID          int      `json:"pid"`
-	Config       string   `json:"config"`
-	WriteRoot    string   `json:"writeRoot"`
-	MkdirRoot    string   `json:"mkdirRoot"`
-	WriteTmp     string   `json:"writeTmp"`
-	WriteRun     string   `json:"writeRun"`
-	WriteState   string   `json:"writeState"`
-	WriteSys     string   `json:"writeSys"`
-	WriteModules string   `json:"writeModules"`
-	WriteDevNull string   `json:"writeDevNull"`
-	Modules      []string `json:"modules"`
-	Procs        []string `json:"procs"`
-	Secret       *string  `json:"secret"`
-	NetNSErr     string   `json:"netnsErr"`
-	NetNSIno     uint64   `json:"netnsIno"`
-	NetNSDev     uint64   `json:"netnsDev"`
-	NetNSMagic   int64    `json:"netnsMagic"`
-	Mountinfo    string   `json:"mountinfo"`
+	Args          []string `json:"args"`
+	Env           []string `json:"env"`
+	PID           int      `json:"pid"`
+	Config        string   `json:"config"`
+	WriteRoot     string   `json:"writeRoot"`
+	MkdirRoot     string   `json:"mkdirRoot"`
+	WriteTmp      string   `json:"writeTmp"`
+	WriteRun      string   `json:"writeRun"`
+	WriteState    string   `json:"writeState"`
+	WriteSys      string   `json:"writeSys"`
+	WriteModules  string   `json:"writeModules"`
+	WriteDevNull  string   `json:"writeDevNull"`
+	WriteNetNSDir string   `json:"writeNetNSDir"`
+	Modules       []string `json:"modules"`
+	Procs         []string `json:"procs"`
+	Secret        *string  `json:"secret"`
+	NetNSErr      string   `json:"netnsErr"`
+	NetNSIno      uint64   `json:"netnsIno"`
+	NetNSDev      uint64   `json:"netnsDev"`
+	NetNSMagic    int64    `json:"netnsMagic"`
+	Mountinfo     string   `json:"mountinfo"`
 }
 
 // TestSandboxLayout runs a probe plugin and checks what it sees: the
@@ -81,7 +82,7 @@ func TestSandboxLayout(t *testing.T) {
 		t.Errorf("pid %d, processes in /proc %v; want pid 1 alone in a fresh /proc", r.PID, r.Procs)
 	}
 	for name, got := range map[string]string{"write to the image": r.WriteRoot, "mkdir in the image root": r.MkdirRoot,
-		"mkdir in /sys": r.WriteSys, "write to /lib/modules": r.WriteModules} {
+		"mkdir in /sys": r.WriteSys, "write to /lib/modules": r.WriteModules, "write to the netns directory": r.WriteNetNSDir} {
 		if !strings.Contains(got, "read-only file system") {
 			t.Errorf("%s: error %q, want read-only file system", name, got)
 		}

@@ -181,8 +181,10 @@ func (s *Spec) mounts() []mount {
 	for _, d := range s.NetNSDirs {
 		// Recursive: the pins are mounts inside the directory. They stay
 		// slaves of the host's (step 1), so new pins appear and removed
-		// ones go.
-		ms = append(ms, mount{target: d, source: d, rec: true})
+		// ones go. Read-only: a plugin opens namespaces, it does not pin
+		// or remove them.
+		ms = append(ms, mount{target: d, source: d, rec: true, rebind: true,
+			flags: nsd | unix.MS_NOEXEC | unix.MS_RDONLY})
 	}
 	if s.StateDir != "" {
 		ms = append(ms, mount{target: s.StateMount, source: s.StateDir, rebind: true, flags: nsd})

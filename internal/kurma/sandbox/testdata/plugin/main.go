@@ -206,6 +206,7 @@ func probe(raw []byte) {
 		r["secret"] = errs(err)
 	}
 	if len(os.Args) > 1 {
+		r["writeNetNSDir"] = errs(os.WriteFile(filepath.Join(filepath.Dir(os.Args[1]), "written"), nil, 0o644))
 		var st syscall.Stat_t
 		if err := syscall.Stat(os.Args[1], &st); err != nil {
 			r["netnsErr"] = err.Error()
