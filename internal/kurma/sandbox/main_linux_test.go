@@ -2,13 +2,17 @@ package sandbox
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/skeinnet/skein/internal/netns"
 )
@@ -21,7 +25,32 @@ func TestMain(m *testing.M) {
 	// The package's init already ran the hook; saying it here documents
 	// that this binary doubles as the sandbox init.
 	MaybeRunInit()
+	if raw := os.Getenv(parentEnv); raw != "" {
+		os.Exit(dyingParent(raw))
+	}
 	os.Exit(run(m))
+}
+
+// parentEnv makes the test binary a parent that starts a sandbox call (the
+// Spec in the variable, as JSON) and is SIGKILLed 500 ms later, as skeind
+// could be.
+const parentEnv = "SANDBOX_TEST_DYING_PARENT"
+
+func dyingParent(raw string) int {
+	var spec Spec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sb, err := New(Options{ScratchDir: os.Getenv(parentEnv + "_SCRATCH")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	time.AfterFunc(500*time.Millisecond, func() { syscall.Kill(os.Getpid(), syscall.SIGKILL) })
+	_, err = sb.Run(context.Background(), spec)
+	fmt.Fprintln(os.Stderr, "the call returned before the parent died:", err)
+	return 1
 }
 
 func run(m *testing.M) int {

@@ -193,6 +193,44 @@ func TestHangKilledAtTimeout(t *testing.T) {
 	}
 }
 
+// TestParentDeathKillsTree: when the process that started a call dies
+// (skeind killed), the call's whole tree dies with it.
+func TestParentDeathKillsTree(t *testing.T) {
+	e := newEnv(t, Options{})
+	token := fmt.Sprintf("orphan-token-%d-%d", os.Getpid(), time.Now().UnixNano())
+	raw, err := json.Marshal(e.spec(`{"mode":"hang","token":"` + token + `"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := exec.Command(os.Args[0])
+	parent.Env = append(os.Environ(), parentEnv+"="+string(raw), parentEnv+"_SCRATCH="+e.sb.opts.ScratchDir)
+	var out strings.Builder
+	parent.Stdout, parent.Stderr = &out, &out
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for end := time.Now().Add(5 * time.Second); len(before) == 0 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		before = processesWith(t, token)
+	}
+	err = parent.Wait()
+	if ws, ok := parent.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("parent ended with %v, want SIGKILL; output %s", err, out.String())
+	}
+	if len(before) == 0 {
+		t.Fatal("the call's grandchild never showed up while the parent lived")
+	}
+	// The kernel delivers the parent-death signal as the parent exits;
+	// the namespace's init then takes the rest down.
+	var left []string
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if left = processesWith(t, token); len(left) == 0 {
+			return
+		}
+	}
+	t.Errorf("processes outlived their parent: %v", left)
+}
+
 // TestContextCancelKillsTree: cancelling the caller's context ends the call
 // the same way, with the context's error.
 func TestContextCancelKillsTree(t *testing.T) {
