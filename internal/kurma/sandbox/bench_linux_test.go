@@ -13,8 +13,9 @@ import (
 // with the same stdin and arguments: the difference is the sandbox's cost
 // (starting the init, namespaces, the mounts, pivot_root, teardown). The
 // init is either this test binary re-executed or the dedicated
-// skein-sandbox-init; skeind re-executed would start slower still (a large
-// binary with many package initialisers).
+// skein-sandbox-init (skeind re-executed would start slower still: a large
+// binary with many package initialisers), started for the call (cold) or
+// ahead of it (warm: the call only pays for the mounts).
 func BenchmarkCall(b *testing.B) {
 	e := newEnv(b, Options{})
 	cfg := []byte(`{"mode":"ok"}`)
@@ -29,12 +30,23 @@ func BenchmarkCall(b *testing.B) {
 			}
 		}
 	}
-	dedicated, err := New(Options{ScratchDir: e.sb.opts.ScratchDir, InitPath: initBin})
-	if err != nil {
-		b.Fatal(err)
+	for _, c := range []struct {
+		name     string
+		init     string
+		prestart int
+	}{
+		{"sandboxed-reexec-cold", "/proc/self/exe", -1},
+		{"sandboxed-init-binary-cold", initBin, -1},
+		{"sandboxed-reexec-warm", "/proc/self/exe", 2},
+		{"sandboxed-init-binary-warm", initBin, 2},
+	} {
+		sb, err := New(Options{ScratchDir: e.sb.opts.ScratchDir, InitPath: c.init, Prestart: c.prestart})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, sandboxed(sb))
+		sb.Close()
 	}
-	b.Run("sandboxed-reexec", sandboxed(e.sb))
-	b.Run("sandboxed-init-binary", sandboxed(dedicated))
 	b.Run("direct", func(b *testing.B) {
 		bin := filepath.Join(e.rootfs, "opt/network/add")
 		for b.Loop() {

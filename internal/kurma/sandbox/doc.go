@@ -78,4 +78,10 @@
 // package sandboxinit's init function, before main, so a binary that imports
 // this package cannot forget the hook and start a second daemon instead;
 // MaybeRunInit is the same hook for a main or TestMain that wants to say so.
+//
+// Starting the init and creating its namespaces is most of a call's
+// overhead, so a Sandbox keeps a few inits started ahead of need
+// (Options.Prestart): each waits in its new namespaces for a spec on a
+// pipe, and a call that claims one pays only for the mounts. Close stops
+// them. The Supervisor's main execs always start cold.
 package sandbox

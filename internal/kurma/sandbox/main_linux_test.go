@@ -91,6 +91,7 @@ func needRoot(t testing.TB) {
 type testEnv struct {
 	dir, rootfs, state, netns string
 	sb                        *Sandbox
+	warm                      bool // calls must start from warm inits
 }
 
 func newEnv(t testing.TB, o Options) *testEnv {
@@ -125,6 +126,7 @@ func newEnv(t testing.TB, o Options) *testEnv {
 		t.Fatal(err)
 	}
 	e.sb = sb
+	t.Cleanup(func() { sb.Close() })
 	before := mountTable(t)
 	t.Cleanup(func() {
 		assertMountsUnchanged(t, before, mountTable(t), dir)
@@ -225,4 +227,39 @@ func processesWith(t testing.TB, token string) []string {
 		out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
 	}
 	return out
+}
+
+// bothStarts runs f against a sandbox that starts every call cold and
+// against one that keeps warm inits (and makes every call take one).
+func bothStarts(t *testing.T, o Options, f func(t *testing.T, e *testEnv)) {
+	for _, warm := range []bool{false, true} {
+		name := map[bool]string{false: "cold", true: "warm"}[warm]
+		t.Run(name, func(t *testing.T) {
+			o := o
+			o.Prestart = map[bool]int{false: -1, true: 2}[warm]
+			e := newEnv(t, o)
+			e.warm = warm
+			f(t, e)
+		})
+	}
+}
+
+// run is e.sb.Run, checking the call started the way the env says: from a
+// warm init (waiting until one is ready) or cold.
+func (e *testEnv) run(t testing.TB, ctx context.Context, spec Spec) (*Result, error) {
+	t.Helper()
+	if e.warm {
+		for end := time.Now().Add(5 * time.Second); len(e.sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("no warm init ready after 5 s")
+			}
+		}
+	}
+	warm, cold := e.sb.pool.warm.Load(), e.sb.pool.cold.Load()
+	res, err := e.sb.Run(ctx, spec)
+	dw, dc := e.sb.pool.warm.Load()-warm, e.sb.pool.cold.Load()-cold
+	if e.warm && (dw != 1 || dc != 0) || !e.warm && (dw != 0 || dc != 1) {
+		t.Errorf("call started %d warm, %d cold; want it %s", dw, dc, map[bool]string{false: "cold", true: "warm"}[e.warm])
+	}
+	return res, err
 }

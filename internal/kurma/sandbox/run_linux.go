@@ -23,9 +23,11 @@ import (
 // use; it does not limit concurrency itself (Runner does).
 type Sandbox struct {
 	opts Options
+	pool *pool
 }
 
-// New returns a Sandbox, creating the scratch directory.
+// New returns a Sandbox, creating the scratch directory and starting the
+// warm inits (Options.Prestart). Close stops those.
 func New(o Options) (*Sandbox, error) {
 	o = o.withDefaults()
 	if err := absClean("scratch directory", o.ScratchDir); err != nil {
@@ -34,7 +36,17 @@ func New(o Options) (*Sandbox, error) {
 	if err := os.MkdirAll(o.ScratchDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox scratch directory: %w", err)
 	}
-	return &Sandbox{opts: o}, nil
+	s := &Sandbox{opts: o}
+	s.pool = newPool(s, o.Prestart)
+	s.pool.refill()
+	return s, nil
+}
+
+// Close stops the inits kept warm. Calls running go on; later calls start
+// cold. Safe to call more than once.
+func (s *Sandbox) Close() error {
+	s.pool.close()
+	return nil
 }
 
 // Result is what a successful call produced.
@@ -66,7 +78,24 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return &Error{Path: spec.Path, Err: err, ExitCode: -1, Stderr: stderr.bytes()}
 	}
 
-	cmd, err := s.start(ctx, spec, stdout, stderr, stopHow{})
+	is, err := s.initSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	// A warm init if one is ready (see pool), else a cold start.
+	var wait func() error
+	if w := s.pool.take(); w != nil {
+		if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
+			s.pool.warm.Add(1)
+		}
+	}
+	if wait == nil && (err == nil || errors.Is(err, errStale)) {
+		s.pool.cold.Add(1)
+		var cmd *exec.Cmd
+		if cmd, err = s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stopHow{}); err == nil {
+			wait = cmd.Wait
+		}
+	}
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
@@ -78,7 +107,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		}
 		return nil, err
 	}
-	werr := cmd.Wait()
+	werr := wait()
 	res := &Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.bytes(), Duration: time.Since(begin)}
 	switch {
 	case stdout.hit:
@@ -123,15 +152,19 @@ type stopHow struct {
 	grace  time.Duration
 }
 
-// start checks spec, starts the sandbox's init and returns once the
-// executable runs (its init exec'd it) or setup failed (an *Error wrapping
-// ErrSetup; the child has been waited for). Cancelling ctx stops the tree
-// as stop says.
+// start checks spec and starts it cold (see startCold).
 func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer, stop stopHow) (*exec.Cmd, error) {
 	is, err := s.initSpec(spec)
 	if err != nil {
 		return nil, err
 	}
+	return s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stop)
+}
+
+// startCold starts an init for is and returns once the executable runs
+// (the init exec'd it) or setup failed (an *Error wrapping ErrSetup; the
+// child has been waited for). Cancelling ctx stops the tree as stop says.
+func (s *Sandbox) startCold(ctx context.Context, is *sandboxinit.Spec, stdin io.Reader, stdout, stderr io.Writer, stop stopHow) (*exec.Cmd, error) {
 	raw, err := json.Marshal(is)
 	if err != nil {
 		return nil, fmt.Errorf("encode sandbox spec: %w", err)
@@ -142,21 +175,10 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 	}
 	defer errR.Close()
 
-	cmd := exec.CommandContext(ctx, s.opts.InitPath)
-	cmd.Args = []string{sandboxinit.Arg0}
-	// The init's own environment (the plugin gets Spec.Env): one P is
-	// plenty for a few syscalls and starts measurably faster (~0.3 ms).
-	cmd.Env = []string{sandboxinit.SpecEnv + "=" + string(raw), "GOMAXPROCS=1"}
-	cmd.Stdin = bytes.NewReader(spec.Stdin)
+	cmd := s.initCommand(ctx, sandboxinit.SpecEnv+"="+string(raw))
+	cmd.Stdin = stdin
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.ExtraFiles = []*os.File{errW}
-	cmd.Dir = "/"
-	// The init is PID 1 of the new PID namespace: SIGKILL to it (timeout,
-	// cancel) takes the whole tree with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
-		Pdeathsig:  syscall.SIGKILL,
-	}
 	// Everything the tree holds dies with the init, so the pipes close
 	// promptly; the default delay only bounds a kernel surprise.
 	cmd.WaitDelay = 2 * time.Second
@@ -166,26 +188,55 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 	if stop.signal != 0 {
 		cmd.Cancel = func() error { return cmd.Process.Signal(stop.signal) }
 	}
-
-	// Pdeathsig fires when the forking thread exits, not the process; the
-	// Go runtime ends a thread only when a goroutine locked to it exits, so
-	// fork from a thread held for the occasion.
-	runtime.LockOSThread()
-	err = cmd.Start()
-	runtime.UnlockOSThread()
+	err = startLocked(cmd)
 	errW.Close()
 	if err != nil {
-		return nil, &Error{Path: spec.Path, Err: fmt.Errorf("%w: start sandbox init %s: %w", ErrSetup, s.opts.InitPath, err), ExitCode: -1}
+		return nil, &Error{Path: is.Path, Err: fmt.Errorf("%w: start sandbox init %s: %w", ErrSetup, s.opts.InitPath, err), ExitCode: -1}
 	}
-	msg, _ := io.ReadAll(errR)
-	if len(msg) > 0 || ctx.Err() != nil {
+	if err := awaitExec(errR, ctx); err != nil {
 		cmd.Wait()
-		if len(msg) == 0 {
-			msg = []byte("interrupted")
-		}
-		return nil, &Error{Path: spec.Path, Err: fmt.Errorf("%w: %s", ErrSetup, msg), ExitCode: -1}
+		return nil, &Error{Path: is.Path, Err: err, ExitCode: -1}
 	}
 	return cmd, nil
+}
+
+// initCommand is the init's command line, environment and namespaces.
+func (s *Sandbox) initCommand(ctx context.Context, env string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, s.opts.InitPath)
+	cmd.Args = []string{sandboxinit.Arg0}
+	// The init's own environment (the plugin gets Spec.Env): one P is
+	// plenty for a few syscalls and starts measurably faster (~0.3 ms).
+	cmd.Env = []string{env, "GOMAXPROCS=1"}
+	cmd.Dir = "/"
+	// The init is PID 1 of the new PID namespace: SIGKILL to it (timeout,
+	// cancel) takes the whole tree with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	return cmd
+}
+
+// startLocked starts cmd from a thread held for the occasion: Pdeathsig
+// fires when the forking thread exits, not the process, and the Go runtime
+// ends a thread only when a goroutine locked to it exits.
+func startLocked(cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return cmd.Start()
+}
+
+// awaitExec reads the init's status pipe to its end: nothing means the
+// executable was exec'd; a message is why setup failed.
+func awaitExec(status io.Reader, ctx context.Context) error {
+	msg, _ := io.ReadAll(status)
+	if len(msg) == 0 && ctx.Err() == nil {
+		return nil
+	}
+	if len(msg) == 0 {
+		msg = []byte("interrupted")
+	}
+	return fmt.Errorf("%w: %s", ErrSetup, msg)
 }
 
 // initSpec checks spec against the filesystem and turns it into the

@@ -16,6 +16,7 @@ const (
 	DefaultStateMount  = "/var/lib/network"
 	DefaultModulesDir  = "/lib/modules"
 	DefaultTmpSize     = 64 << 20
+	DefaultPrestart    = 2
 	// DefaultInitName is the dedicated init binary (cmd/skein-sandbox-init)
 	// looked for beside the running binary.
 	DefaultInitName = "skein-sandbox-init"
@@ -56,6 +57,11 @@ type Options struct {
 	// TmpSize caps the call's /tmp and /run tmpfs, in bytes. Default
 	// DefaultTmpSize.
 	TmpSize int64
+	// Prestart is how many inits Run keeps started ahead of need, waiting
+	// in their new namespaces (a warm start takes the init's start-up and
+	// the namespace creation off the call's path). Default
+	// DefaultPrestart; negative: none, every call starts cold.
+	Prestart int
 }
 
 func (o Options) withDefaults() Options {
@@ -80,6 +86,10 @@ func (o Options) withDefaults() Options {
 	if o.TmpSize <= 0 {
 		o.TmpSize = DefaultTmpSize
 	}
+	if o.Prestart == 0 {
+		o.Prestart = DefaultPrestart
+	}
+	o.Prestart = max(o.Prestart, 0)
 	return o
 }
 

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"strings"
@@ -19,14 +20,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The protocol between a sandbox and its init: argv[0] is Arg0, the
-// layout is Spec as JSON in the environment variable SpecEnv, and file
-// descriptor ErrFD is the write end of a pipe that stays silent and closes
-// on a successful exec, or carries the reason setup failed.
+// The protocol between a sandbox and its init: argv[0] is Arg0; the layout
+// is Spec as JSON, either in the environment variable SpecEnv (a cold
+// start) or, when WarmEnv is set instead, read from file descriptor SpecFD
+// until EOF (a warm start: the init was started ahead of need and waits
+// there, the namespaces already made); file descriptor ErrFD is the write
+// end of a pipe that stays silent and closes on a successful exec, or
+// carries the reason setup failed. A warm init whose SpecFD closes empty
+// exits quietly.
 const (
 	Arg0    = "skein-sandbox-init"
 	SpecEnv = "SKEIN_SANDBOX_SPEC"
+	WarmEnv = "SKEIN_SANDBOX_WARM"
 	ErrFD   = 3
+	SpecFD  = 4
 )
 
 // Spec is what the init needs to build the sandbox and exec. Paths are
@@ -54,18 +61,46 @@ func MaybeRun() {
 	if len(os.Args) == 0 || os.Args[0] != Arg0 {
 		return
 	}
-	raw, ok := os.LookupEnv(SpecEnv)
-	if !ok {
+	raw, cold := os.LookupEnv(SpecEnv)
+	if !cold && os.Getenv(WarmEnv) == "" {
 		return
 	}
+	// Step 1: nothing done from here on may reach the host. Every copied
+	// mount becomes a slave: the host's changes still arrive (a netns pin
+	// removed on the host must not stay alive here, however long a warm
+	// init waits), ours never leave.
+	err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, "")
+	if err != nil {
+		err = fmt.Errorf("make mounts slaves: %w", err)
+	}
+	if err == nil && !cold {
+		raw, err = waitForSpec()
+	}
 	var s Spec
-	err := json.Unmarshal([]byte(raw), &s)
+	if err == nil {
+		err = json.Unmarshal([]byte(raw), &s)
+	}
 	if err == nil {
 		err = s.enter()
 	}
 	// Only failures get here: a successful enter ends in exec.
 	reportSetup(err)
 	os.Exit(127)
+}
+
+// waitForSpec reads the spec of a warm start; nothing means the sandbox no
+// longer needs this init.
+func waitForSpec() (string, error) {
+	f := os.NewFile(SpecFD, "sandbox-spec")
+	raw, err := io.ReadAll(f)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("read spec: %w", err)
+	}
+	if len(raw) == 0 {
+		os.Exit(0)
+	}
+	return string(raw), nil
 }
 
 func reportSetup(err error) {
@@ -78,19 +113,13 @@ func reportSetup(err error) {
 }
 
 // enter builds the filesystem and execs the executable. The process is
-// already alone in new mount and PID namespaces (its parent cloned it so);
+// already alone in new mount and PID namespaces (its parent cloned it so),
+// its mounts slaves of the host's (step 1, in MaybeRun);
 // mount(2) and pivot_root(2) act on the namespace and the shared fs state,
 // so the Go runtime's other threads are no concern.
 func (s *Spec) enter() error {
 	unix.CloseOnExec(ErrFD)
 	unix.Umask(0)
-
-	// Step 1: nothing done from here on may reach the host. Every copied
-	// mount becomes a slave: the host's changes still arrive (a netns pin
-	// removed on the host must not stay alive here), ours never leave.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("make mounts slaves: %w", err)
-	}
 
 	// Step 2: scaffolding on the scratch directory: a tiny tmpfs holding an
 	// overlay over the image. The overlay's only writes are the mount points
