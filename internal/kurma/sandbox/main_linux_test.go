@@ -47,6 +47,17 @@ func dyingParent(raw string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// Its warm inits must die with it too: say which they are.
+	for end := time.Now().Add(5 * time.Second); len(sb.pool.ready) < DefaultPrestart && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	sb.pool.mu.Lock()
+	for range len(sb.pool.ready) {
+		w := <-sb.pool.ready
+		fmt.Printf("warm %d\n", w.cmd.Process.Pid)
+		sb.pool.ready <- w
+	}
+	sb.pool.mu.Unlock()
 	time.AfterFunc(500*time.Millisecond, func() { syscall.Kill(os.Getpid(), syscall.SIGKILL) })
 	_, err = sb.Run(context.Background(), spec)
 	fmt.Fprintln(os.Stderr, "the call returned before the parent died:", err)

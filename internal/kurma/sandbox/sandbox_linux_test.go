@@ -206,8 +206,8 @@ func TestParentDeathKillsTree(t *testing.T) {
 	}
 	parent := exec.Command(os.Args[0])
 	parent.Env = append(os.Environ(), parentEnv+"="+string(raw), parentEnv+"_SCRATCH="+e.sb.opts.ScratchDir)
-	var out strings.Builder
-	parent.Stdout, parent.Stderr = &out, &out
+	var out, warm strings.Builder
+	parent.Stdout, parent.Stderr = &warm, &out
 	if err := parent.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -223,10 +223,27 @@ func TestParentDeathKillsTree(t *testing.T) {
 		t.Fatal("the call's grandchild never showed up while the parent lived")
 	}
 	// The kernel delivers the parent-death signal as the parent exits;
-	// the namespace's init then takes the rest down.
+	// the namespace's init then takes the rest down. The warm inits the
+	// parent kept get the same signal.
+	var pids []string
+	for _, l := range strings.Split(strings.TrimSpace(warm.String()), "\n") {
+		if p, ok := strings.CutPrefix(l, "warm "); ok {
+			pids = append(pids, p)
+		}
+	}
+	if len(pids) != DefaultPrestart {
+		t.Errorf("the parent reported warm inits %v, want %d", pids, DefaultPrestart)
+	}
 	var left []string
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if left = processesWith(t, token); len(left) == 0 {
+		left = processesWith(t, token)
+		for _, p := range pids {
+			// Gone, or a zombie waiting for init to reap it.
+			if b, err := os.ReadFile("/proc/" + p + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+				left = append(left, "warm init "+p)
+			}
+		}
+		if len(left) == 0 {
 			return
 		}
 	}
