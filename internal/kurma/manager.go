@@ -81,8 +81,8 @@ type Options struct {
 // safe for concurrent use: calls for one pod run one at a time, in the
 // order they arrive; pods proceed in parallel.
 type Manager struct {
-	st     store.Store
-	images *image.Cache
+	st       store.Store
+	images   *image.Cache
 	sbOpts   sandbox.Options
 	parallel int
 	sbOnce   sync.Once
@@ -90,11 +90,11 @@ type Manager struct {
 	sb       *sandbox.Sandbox
 	runner   *sandbox.Runner
 	sbErr    error
-	state  string
-	pools  Pools
-	log    *slog.Logger
-	links  func(string) ([]string, error)
-	locks  keylock.Locks
+	state    string
+	pools    Pools
+	log      *slog.Logger
+	links    func(string) ([]string, error)
+	locks    keylock.Locks
 
 	mu     sync.Mutex
 	nets   []Network
