@@ -38,8 +38,8 @@ func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) e
 		}
 		return m.pools.DetachPool(ctx, poolRequest(rec, a))
 	}
-	if m.images == nil || m.runner == nil {
-		return errors.New("no image cache or sandbox configured")
+	if m.images == nil {
+		return errors.New("no image cache configured")
 	}
 	img, release, err := m.images.Lookup(a.Digest)
 	if errors.Is(err, image.ErrNotCached) {
@@ -63,7 +63,11 @@ func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a Att
 		return nil, err
 	}
 	p := sandbox.Plugin{Rootfs: img.Root, Config: a.Config, StateDir: dir, Env: img.Env, Timeout: a.Timeout}
-	r, err := m.runner.Run(ctx, rec.ID, p.Call(op, rec.NetNS, rec.ID, a.IfName))
+	_, runner, err := m.sandbox()
+	if err != nil {
+		return nil, err
+	}
+	r, err := runner.Run(ctx, rec.ID, p.Call(op, rec.NetNS, rec.ID, a.IfName))
 	if err != nil {
 		return nil, err
 	}

@@ -56,8 +56,12 @@ type Options struct {
 	Store store.Store
 	// Images is the plugin image cache. Required for image networks.
 	Images *image.Cache
-	// Sandbox runs plugin executables. Required for image networks.
+	// Sandbox runs plugin executables. Nil: one is made from
+	// SandboxOptions when the first image network is used (so a daemon
+	// without image networks starts no sandbox inits), closed by Close.
 	Sandbox *sandbox.Sandbox
+	// SandboxOptions make the Sandbox when it is nil.
+	SandboxOptions sandbox.Options
 	// MaxParallel caps plugin calls running at once (all pods).
 	// Default sandbox.DefaultMaxParallel.
 	MaxParallel int
@@ -77,15 +81,20 @@ type Options struct {
 // safe for concurrent use: calls for one pod run one at a time, in the
 // order they arrive; pods proceed in parallel.
 type Manager struct {
-	st     store.Store
-	images *image.Cache
-	sb     *sandbox.Sandbox
-	runner *sandbox.Runner
-	state  string
-	pools  Pools
-	log    *slog.Logger
-	links  func(string) ([]string, error)
-	locks  keylock.Locks
+	st       store.Store
+	images   *image.Cache
+	sbOpts   sandbox.Options
+	parallel int
+	sbOnce   sync.Once
+	sbOwned  bool
+	sb       *sandbox.Sandbox
+	runner   *sandbox.Runner
+	sbErr    error
+	state    string
+	pools    Pools
+	log      *slog.Logger
+	links    func(string) ([]string, error)
+	locks    keylock.Locks
 
 	mu     sync.Mutex
 	nets   []Network
@@ -116,13 +125,25 @@ func NewManager(o Options) (*Manager, error) {
 		o.LinkNames = linkNames
 	}
 	m := &Manager{
-		st: o.Store, images: o.Images, sb: o.Sandbox, state: o.StateDir, pools: o.Pools,
-		log: o.Logger, links: o.LinkNames, active: map[string]*netState{},
-	}
-	if o.Sandbox != nil {
-		m.runner = sandbox.NewRunner(o.Sandbox, o.MaxParallel)
+		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
+		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, active: map[string]*netState{},
 	}
 	return m, nil
+}
+
+// sandbox returns the Sandbox and the Runner over it, making them on first
+// use.
+func (m *Manager) sandbox() (*sandbox.Sandbox, *sandbox.Runner, error) {
+	m.sbOnce.Do(func() {
+		if m.sb == nil {
+			m.sb, m.sbErr = sandbox.New(m.sbOpts)
+			m.sbOwned = m.sbErr == nil
+		}
+		if m.sbErr == nil {
+			m.runner = sandbox.NewRunner(m.sb, m.parallel)
+		}
+	})
+	return m.sb, m.runner, m.sbErr
 }
 
 // SetNetworks replaces the configured networks (start-up and reload).
@@ -156,6 +177,9 @@ func (m *Manager) Close() error {
 	for name, s := range m.active {
 		s.close(m.log, name)
 		delete(m.active, name)
+	}
+	if m.sbOwned {
+		m.sb.Close()
 	}
 	return nil
 }
@@ -383,8 +407,12 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 // ensure returns the network's active state, acquiring its image and
 // starting its main exec on first use.
 func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
-	if m.images == nil || m.runner == nil {
-		return nil, fmt.Errorf("network %q: no image cache or sandbox configured", n.Name)
+	if m.images == nil {
+		return nil, fmt.Errorf("network %q: no image cache configured", n.Name)
+	}
+	sb, _, err := m.sandbox()
+	if err != nil {
+		return nil, fmt.Errorf("network %q: %w", n.Name, err)
 	}
 	m.mu.Lock()
 	if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
@@ -405,7 +433,7 @@ func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
 			err = fmt.Errorf("main exec %q: want an absolute path", img.MainExec[0])
 		}
 		if err == nil {
-			s.sv, err = m.sb.Supervise(sandbox.SupervisorOptions{
+			s.sv, err = sb.Supervise(sandbox.SupervisorOptions{
 				Network: n.Name,
 				Spec: sandbox.Spec{
 					Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
