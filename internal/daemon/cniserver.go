@@ -86,6 +86,12 @@ func (s *cniServer) Add(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply
 }
 
 func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error) {
+	if m, ok, err := readMeta(req.Netconf); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return s.addPods(ctx, req, m)
+	}
 	conf, err := s.validateArgs(req, true)
 	if err != nil {
 		return nil, err
@@ -169,6 +175,12 @@ func (s *cniServer) Del(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply
 // del succeeds when the netns, the link or the record is already gone: the
 // spec asks DEL to be idempotent.
 func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
+	if _, ok, err := readMeta(req.Netconf); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		return s.delPods(ctx, req)
+	}
 	conf, err := s.validateArgs(req, false)
 	if err != nil {
 		return err
@@ -191,6 +203,12 @@ func (s *cniServer) Check(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIRep
 }
 
 func (s *cniServer) check(ctx context.Context, req *rpc.CNIRequest) error {
+	if _, ok, err := readMeta(req.Netconf); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		return s.checkPods(ctx, req)
+	}
 	conf, err := s.validateArgs(req, true)
 	if err != nil {
 		return err
@@ -232,6 +250,12 @@ func (s *cniServer) Status(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIRe
 // status: skeind answers, so the plugin is available if the network's pool
 // exists and has room on this node or in unclaimed blocks.
 func (s *cniServer) status(ctx context.Context, req *rpc.CNIRequest) error {
+	if _, ok, err := readMeta(req.Netconf); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		return s.statusPods(ctx, req)
+	}
 	conf, err := cni.Parse(req.Netconf)
 	if err != nil {
 		return err
@@ -261,6 +285,12 @@ func (s *cniServer) GC(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply,
 // ADD still running then, or one begun since, is not in the runtime's list
 // but is not garbage either (Daemon.Collect).
 func (s *cniServer) gc(ctx context.Context, req *rpc.CNIRequest) error {
+	if _, ok, err := readMeta(req.Netconf); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		return s.gcPods(ctx, req)
+	}
 	since := time.Now()
 	busy := s.d.adds.snapshot()
 	conf, err := cni.Parse(req.Netconf)

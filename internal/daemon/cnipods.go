@@ -1,0 +1,283 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/cni"
+	"github.com/skeinnet/skein/internal/kurma"
+	"github.com/skeinnet/skein/internal/kurma/sandbox"
+	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// The CNI meta mode's verbs (podmeta.go has its pure part). A pod's
+// networks are kept by the pod network Manager, keyed by CNI_CONTAINERID;
+// beside each such pod the daemon keeps a small mark (store Meta bucket
+// MetaKindCNIPods) saying that the CNI front door made it and for which
+// CNI network, so that a CNI GC of that network only ever collects pods
+// attached through it, never those attached by `skeinctl pod attach`.
+
+// MetaKindCNIPods is the store bucket of the meta mode's marks.
+const MetaKindCNIPods = "kurma-cni-pods"
+
+// cniPodMark is a pod attached through the meta mode.
+type cniPodMark struct {
+	Network string    `json:"network"` // the CNI configuration's name
+	IfName  string    `json:"ifName"`  // CNI_IFNAME
+	Created time.Time `json:"created"`
+}
+
+// inflight key of a meta-mode ADD (apart from the attachment keys).
+func podAddKey(id string) string { return "pods/" + id }
+
+// podsError maps the Manager's errors onto CNI codes.
+func podsCNIError(err error) error {
+	var e *types.Error
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, kurma.ErrBadRequest), errors.Is(err, kurma.ErrNoPools):
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	case errors.Is(err, sandbox.ErrMainExecDown):
+		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
+	return types.NewError(types.ErrInternal, err.Error(), "")
+}
+
+func (s *cniServer) podsManager() (*kurma.Manager, error) {
+	if s.d.pods == nil {
+		return nil, types.NewError(types.ErrPluginNotAvailable, "skeind runs no pod network manager", "")
+	}
+	return s.d.pods, nil
+}
+
+// addPods attaches the pod to its networks; the result lists every
+// interface they made, in the configuration's CNI version.
+func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf) ([]byte, error) {
+	conf, err := s.validateArgs(req, true)
+	if err != nil {
+		return nil, err
+	}
+	pods, err := s.podsManager()
+	if err != nil {
+		return nil, err
+	}
+	// 1. which networks, the first on CNI_IFNAME
+	sels, from, err := podSelections(m, req.Args, req.Ifname, kurma.Defaults(pods.Networks()))
+	if err != nil {
+		return nil, err
+	}
+	// 2. the mark, before anything is attached (GC finds the pod even if
+	// skeind dies during the attach), and the in-flight note GC honours
+	defer s.d.adds.begin(podAddKey(req.ContainerId))()
+	_, hadMark, err := s.getPodMark(ctx, req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	if !hadMark {
+		if err := s.putPodMark(ctx, req.ContainerId, cniPodMark{Network: conf.Name, IfName: req.Ifname, Created: time.Now().UTC()}); err != nil {
+			return nil, err
+		}
+	}
+	// 3. attach (in order; rolled back by the Manager on failure)
+	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns, Networks: sels})
+	if err != nil {
+		if !hadMark {
+			s.dropPodMarkIfGone(context.WithoutCancel(ctx), req.ContainerId)
+		}
+		return nil, podsCNIError(fmt.Errorf("networks from %s: %w", from, err))
+	}
+	for _, sk := range res.Skipped {
+		s.d.log.Warn("cni: optional pod network skipped", "container", req.ContainerId, "network", sk.Network, "err", sk.Error)
+	}
+	// 4. one result for all of them
+	merged, err := mergeResults(res.Pod.Attachments, req.Netns)
+	if err == nil {
+		var out []byte
+		if out, err = cni.Encode(merged, conf.CNIVersion); err == nil {
+			return out, nil
+		}
+	}
+	// Cannot be reported: undo, so nothing is left behind.
+	if derr := pods.Detach(context.WithoutCancel(ctx), req.ContainerId); derr != nil {
+		s.d.log.Error("undo pod networks after result failure", "container", req.ContainerId, "err", derr)
+	} else {
+		s.dropPodMarkIfGone(context.WithoutCancel(ctx), req.ContainerId)
+	}
+	return nil, err
+}
+
+// delPods detaches all of the pod's networks (idempotent).
+func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest) error {
+	if _, err := s.validateArgs(req, false); err != nil {
+		return err
+	}
+	pods, err := s.podsManager()
+	if err != nil {
+		return err
+	}
+	if err := pods.Detach(ctx, req.ContainerId); err != nil {
+		return podsCNIError(err)
+	}
+	return s.putPodMark(ctx, req.ContainerId, cniPodMark{})
+}
+
+// checkPods: the pod is recorded, every network attached, every interface
+// present in the pod, and prevResult (when given) names them all.
+func (s *cniServer) checkPods(ctx context.Context, req *rpc.CNIRequest) error {
+	conf, err := s.validateArgs(req, true)
+	if err != nil {
+		return err
+	}
+	pods, err := s.podsManager()
+	if err != nil {
+		return err
+	}
+	rec, err := pods.Status(ctx, req.ContainerId)
+	if errors.Is(err, kurma.ErrUnknownPod) {
+		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("container %s has no pod networks", req.ContainerId), "")
+	}
+	if err != nil {
+		return podsCNIError(err)
+	}
+	h, closeH, err := netns.Handle(req.Netns)
+	if err != nil {
+		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("open CNI_NETNS %s: %v", req.Netns, err), "")
+	}
+	defer closeH()
+	var prevIfs []string
+	if conf.PrevResult != nil {
+		b, err := json.Marshal(conf.PrevResult)
+		if err == nil {
+			var p struct {
+				Interfaces []struct{ Name, Sandbox string } `json:"interfaces"`
+			}
+			_ = json.Unmarshal(b, &p)
+			for _, i := range p.Interfaces {
+				if i.Sandbox != "" {
+					prevIfs = append(prevIfs, i.Name)
+				}
+			}
+		}
+	}
+	for _, a := range rec.Attachments {
+		if a.State != kurma.StateAttached {
+			return types.NewError(cni.CodeCheckFailed, fmt.Sprintf("network %q is %s", a.Network, a.State), a.Error)
+		}
+		if a.IfName == "" {
+			continue
+		}
+		if _, err := h.LinkByName(a.IfName); err != nil {
+			return types.NewError(cni.CodeCheckFailed, fmt.Sprintf("network %q: interface %s is missing from the pod", a.Network, a.IfName), err.Error())
+		}
+		if conf.PrevResult != nil && !slices.Contains(prevIfs, a.IfName) {
+			return types.NewError(cni.CodeCheckFailed, fmt.Sprintf("prevResult lacks interface %s of network %q", a.IfName, a.Network), "")
+		}
+	}
+	return nil
+}
+
+// statusPods: available when skeind has pod networks to offer.
+func (s *cniServer) statusPods(context.Context, *rpc.CNIRequest) error {
+	pods, err := s.podsManager()
+	if err != nil {
+		return err
+	}
+	if len(pods.Networks()) == 0 {
+		return types.NewError(types.ErrPluginNotAvailable, "skeind has no pod networks configured", "")
+	}
+	return nil
+}
+
+// gcPods detaches the pods this CNI network attached that the runtime no
+// longer lists in cni.dev/valid-attachments — not those marked after the
+// request started nor those whose ADD is still running.
+func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
+	since := time.Now()
+	busy := s.d.adds.snapshot()
+	conf, err := cni.Parse(req.Netconf)
+	if err != nil {
+		return err
+	}
+	pods, err := s.podsManager()
+	if err != nil {
+		return err
+	}
+	valid := map[string]bool{}
+	for _, v := range conf.ValidAttachments {
+		valid[v.ContainerID] = true
+	}
+	marks, err := s.d.st.ListMeta(ctx, MetaKindCNIPods)
+	if err != nil {
+		return types.NewError(types.ErrInternal, "gc: list pods: "+err.Error(), "")
+	}
+	var errs []error
+	for id, b := range marks {
+		var mk cniPodMark
+		if err := json.Unmarshal(b, &mk); err != nil || mk.Network != conf.Name || valid[id] || busy[podAddKey(id)] || !mk.Created.Before(since) {
+			continue
+		}
+		if err := pods.Detach(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", id, err))
+			continue
+		}
+		if err := s.putPodMark(ctx, id, cniPodMark{}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.d.log.Info("gc: detached stale pod networks", "container", id, "network", conf.Name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return types.NewError(types.ErrInternal, "gc: "+err.Error(), "")
+	}
+	return nil
+}
+
+func (s *cniServer) getPodMark(ctx context.Context, id string) (cniPodMark, bool, error) {
+	b, err := s.d.st.GetMeta(ctx, MetaKindCNIPods, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return cniPodMark{}, false, nil
+	}
+	if err != nil {
+		return cniPodMark{}, false, types.NewError(types.ErrInternal, "read pod mark: "+err.Error(), "")
+	}
+	var mk cniPodMark
+	if err := json.Unmarshal(b, &mk); err != nil {
+		return cniPodMark{}, false, types.NewError(types.ErrInternal, "decode pod mark: "+err.Error(), "")
+	}
+	return mk, true, nil
+}
+
+// putPodMark writes the mark; the zero mark deletes it.
+func (s *cniServer) putPodMark(ctx context.Context, id string, mk cniPodMark) error {
+	var b []byte
+	if mk != (cniPodMark{}) {
+		var err error
+		if b, err = json.Marshal(mk); err != nil {
+			return err
+		}
+	}
+	if err := s.d.st.PutMeta(ctx, MetaKindCNIPods, id, b); err != nil {
+		return types.NewError(types.ErrInternal, "write pod mark: "+err.Error(), "")
+	}
+	return nil
+}
+
+// dropPodMarkIfGone removes the mark of a pod the Manager has no record of
+// (a failed first ADD, rolled back).
+func (s *cniServer) dropPodMarkIfGone(ctx context.Context, id string) {
+	if _, err := s.d.pods.Status(ctx, id); !errors.Is(err, kurma.ErrUnknownPod) {
+		return
+	}
+	if err := s.putPodMark(ctx, id, cniPodMark{}); err != nil {
+		s.d.log.Warn("drop pod mark", "container", id, "err", err)
+	}
+}
