@@ -15,25 +15,17 @@ import (
 	"github.com/skeinnet/skein/internal/kurma"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
 	"github.com/skeinnet/skein/internal/netns"
-	"github.com/skeinnet/skein/internal/store"
 )
 
 // The CNI meta mode's verbs (podmeta.go has its pure part). A pod's
-// networks are kept by the pod network Manager, keyed by CNI_CONTAINERID;
-// beside each such pod the daemon keeps a small mark (store Meta bucket
-// MetaKindCNIPods) saying that the CNI front door made it and for which
-// CNI network, so that a CNI GC of that network only ever collects pods
-// attached through it, never those attached by `skeinctl pod attach`.
+// networks are kept by the pod network Manager, keyed by CNI_CONTAINERID,
+// its record owned by "cni:<the CNI network's name>" (written with the
+// first attachment's intent, in the same store write), so that a CNI GC of
+// that network only ever collects pods attached through it, never those
+// of `skeinctl pod attach` or of another CNI network.
 
-// MetaKindCNIPods is the store bucket of the meta mode's marks.
-const MetaKindCNIPods = "kurma-cni-pods"
-
-// cniPodMark is a pod attached through the meta mode.
-type cniPodMark struct {
-	Network string    `json:"network"` // the CNI configuration's name
-	IfName  string    `json:"ifName"`  // CNI_IFNAME
-	Created time.Time `json:"created"`
-}
+// cniOwner is the record owner of pods attached through CNI network name.
+func cniOwner(name string) string { return "cni:" + name }
 
 // inflight key of a meta-mode ADD (apart from the attachment keys).
 func podAddKey(id string) string { return "pods/" + id }
@@ -75,30 +67,17 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	if err != nil {
 		return nil, err
 	}
-	// 2. the mark, before anything is attached (GC finds the pod even if
-	// skeind dies during the attach), and the in-flight note GC honours
+	// 2. attach, in order (the Manager rolls back on failure); GC leaves
+	// a pod alone while its ADD runs
 	defer s.d.adds.begin(podAddKey(req.ContainerId))()
-	_, hadMark, err := s.getPodMark(ctx, req.ContainerId)
+	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns, Networks: sels, Owner: cniOwner(conf.Name)})
 	if err != nil {
-		return nil, err
-	}
-	if !hadMark {
-		if err := s.putPodMark(ctx, req.ContainerId, cniPodMark{Network: conf.Name, IfName: req.Ifname, Created: time.Now().UTC()}); err != nil {
-			return nil, err
-		}
-	}
-	// 3. attach (in order; rolled back by the Manager on failure)
-	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns, Networks: sels})
-	if err != nil {
-		if !hadMark {
-			s.dropPodMarkIfGone(context.WithoutCancel(ctx), req.ContainerId)
-		}
 		return nil, podsCNIError(fmt.Errorf("networks from %s: %w", from, err))
 	}
 	for _, sk := range res.Skipped {
 		s.d.log.Warn("cni: optional pod network skipped", "container", req.ContainerId, "network", sk.Network, "err", sk.Error)
 	}
-	// 4. one result for all of them
+	// 3. one result for all of them
 	merged, err := mergeResults(res.Pod.Attachments, req.Netns)
 	if err == nil {
 		var out []byte
@@ -109,8 +88,6 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	// Cannot be reported: undo, so nothing is left behind.
 	if derr := pods.Detach(context.WithoutCancel(ctx), req.ContainerId); derr != nil {
 		s.d.log.Error("undo pod networks after result failure", "container", req.ContainerId, "err", derr)
-	} else {
-		s.dropPodMarkIfGone(context.WithoutCancel(ctx), req.ContainerId)
 	}
 	return nil, err
 }
@@ -127,7 +104,7 @@ func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest) error {
 	if err := pods.Detach(ctx, req.ContainerId); err != nil {
 		return podsCNIError(err)
 	}
-	return s.putPodMark(ctx, req.ContainerId, cniPodMark{})
+	return nil
 }
 
 // checkPods: the pod is recorded, every network attached, every interface
@@ -215,69 +192,23 @@ func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 	for _, v := range conf.ValidAttachments {
 		valid[v.ContainerID] = true
 	}
-	marks, err := s.d.st.ListMeta(ctx, MetaKindCNIPods)
+	recs, err := pods.List(ctx)
 	if err != nil {
 		return types.NewError(types.ErrInternal, "gc: list pods: "+err.Error(), "")
 	}
 	var errs []error
-	for id, b := range marks {
-		var mk cniPodMark
-		if err := json.Unmarshal(b, &mk); err != nil || mk.Network != conf.Name || valid[id] || busy[podAddKey(id)] || !mk.Created.Before(since) {
+	for _, r := range recs {
+		if r.Owner != cniOwner(conf.Name) || valid[r.ID] || busy[podAddKey(r.ID)] || !r.Created.Before(since) {
 			continue
 		}
-		if err := pods.Detach(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", id, err))
+		if err := pods.Detach(ctx, r.ID); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", r.ID, err))
 			continue
 		}
-		if err := s.putPodMark(ctx, id, cniPodMark{}); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		s.d.log.Info("gc: detached stale pod networks", "container", id, "network", conf.Name)
+		s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "network", conf.Name)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return types.NewError(types.ErrInternal, "gc: "+err.Error(), "")
 	}
 	return nil
-}
-
-func (s *cniServer) getPodMark(ctx context.Context, id string) (cniPodMark, bool, error) {
-	b, err := s.d.st.GetMeta(ctx, MetaKindCNIPods, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return cniPodMark{}, false, nil
-	}
-	if err != nil {
-		return cniPodMark{}, false, types.NewError(types.ErrInternal, "read pod mark: "+err.Error(), "")
-	}
-	var mk cniPodMark
-	if err := json.Unmarshal(b, &mk); err != nil {
-		return cniPodMark{}, false, types.NewError(types.ErrInternal, "decode pod mark: "+err.Error(), "")
-	}
-	return mk, true, nil
-}
-
-// putPodMark writes the mark; the zero mark deletes it.
-func (s *cniServer) putPodMark(ctx context.Context, id string, mk cniPodMark) error {
-	var b []byte
-	if mk != (cniPodMark{}) {
-		var err error
-		if b, err = json.Marshal(mk); err != nil {
-			return err
-		}
-	}
-	if err := s.d.st.PutMeta(ctx, MetaKindCNIPods, id, b); err != nil {
-		return types.NewError(types.ErrInternal, "write pod mark: "+err.Error(), "")
-	}
-	return nil
-}
-
-// dropPodMarkIfGone removes the mark of a pod the Manager has no record of
-// (a failed first ADD, rolled back).
-func (s *cniServer) dropPodMarkIfGone(ctx context.Context, id string) {
-	if _, err := s.d.pods.Status(ctx, id); !errors.Is(err, kurma.ErrUnknownPod) {
-		return
-	}
-	if err := s.putPodMark(ctx, id, cniPodMark{}); err != nil {
-		s.d.log.Warn("drop pod mark", "container", id, "err", err)
-	}
 }

@@ -222,6 +222,9 @@ type AttachRequest struct {
 	NetNS string
 	// Networks to attach, in order; empty = the default networks.
 	Networks []Selection
+	// Owner, when the pod has no record yet, is kept in it (PodRecord.Owner):
+	// which front door made it (the CNI meta mode's GC collects only its own).
+	Owner string
 }
 
 // Skipped is an optional network whose add failed.
@@ -292,7 +295,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 		return res, fmt.Errorf("%w: pod %s is attached with netns %s, not %s", ErrBadRequest, req.ID, rec.NetNS, req.NetNS)
 	}
 	if !found {
-		rec = PodRecord{ID: req.ID, NetNS: req.NetNS, Created: time.Now().UTC()}
+		rec = PodRecord{ID: req.ID, NetNS: req.NetNS, Owner: req.Owner, Created: time.Now().UTC()}
 	}
 	plan, err := m.plan(req, rec)
 	if err != nil {

@@ -29,6 +29,7 @@ const (
 type PodRecord struct {
 	ID          string             `json:"id"`
 	NetNS       string             `json:"netns"`
+	Owner       string             `json:"owner,omitempty"` // AttachRequest.Owner of the first attach
 	Attachments []AttachmentRecord `json:"attachments"`
 	Created     time.Time          `json:"created"`
 }

@@ -168,8 +168,15 @@ func TestPodThreeNetworks(t *testing.T) {
 	}
 	harness.AssertSame(t, snapC, harness.Snapshot(t, podC))
 
+	// Pod D is attached through skeind's API (as skeinctl pod attach
+	// does), not through CNI: a CNI GC must leave it alone.
+	podD := harness.NewNS(t, "pod")
+	if _, err := pods(t, d).Attach(ctx(t), &rpc.PodAttachRequest{Id: "pod-d-0004", Netns: podD.Path(), Networks: []*rpc.PodNetwork{{Network: "blue", Ifname: "net1"}}}); err != nil {
+		t.Fatalf("attach pod D: %v", err)
+	}
+
 	// GC from a runtime that no longer lists pod B (a fresh cache, so
-	// libcni itself deletes nothing): skeind detaches B, keeps A.
+	// libcni itself deletes nothing): skeind detaches B, keeps A and D.
 	fresh := skeintest.NewCNI([]string{d.BinDir}, t.TempDir())
 	if err := fresh.GCNetworkList(ctx(t), list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: "pod-a-0001", IfName: "eth0"}}}); err != nil {
 		t.Fatalf("GC: %v", err)
@@ -179,6 +186,12 @@ func TestPodThreeNetworks(t *testing.T) {
 	}
 	if _, err := podA.Handle(t).LinkByName("net2"); err != nil {
 		t.Errorf("GC removed pod A's net2: %v", err)
+	}
+	if _, err := podD.Handle(t).LinkByName("net1"); err != nil {
+		t.Errorf("CNI GC removed pod D's net1 (attached through the API): %v", err)
+	}
+	if _, err := pods(t, d).Detach(ctx(t), &rpc.PodRef{Id: "pod-d-0004"}); err != nil {
+		t.Errorf("detach pod D: %v", err)
 	}
 
 	for i := range 2 { // DEL is idempotent

@@ -1,0 +1,257 @@
+package kurma
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/kurma/image"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// The benchmarks put an image-backed pod network (the reference ptp and
+// host-local packed by skeinctl pack-cni, run by skeind in its sandbox)
+// beside the same plugins exec'd directly through libcni, in one run, the
+// variants alternating op by op so that load from elsewhere hits them
+// alike. Only ADD is timed; each ADD is undone (untimed) before the next.
+// They report medians (and p90) in milliseconds.
+//
+//	go test -run '^$' -bench Kurma -benchtime 30x ./test/kurma/
+
+// ptpConf is a ptp network entry; dataDir keeps host-local's leases of a
+// direct call off the host's /var/lib/cni (image networks keep them in
+// their state directory).
+func ptpConf(name, subnet, dataDir string) map[string]any {
+	ipam := map[string]any{"type": "host-local", "subnet": subnet}
+	if dataDir != "" {
+		ipam["dataDir"] = dataDir
+	}
+	return map[string]any{"cniVersion": "1.0.0", "name": name, "type": "ptp", "ipam": ipam}
+}
+
+func withImage(n map[string]any, img string) map[string]any {
+	out := map[string]any{"image": img}
+	for k, v := range n {
+		out[k] = v
+	}
+	return out
+}
+
+type benchEnv struct {
+	d     *skeintest.Daemon
+	node  *harness.NS
+	pod   *harness.NS
+	cni   *libcni.CNIConfig // finds skein and the reference plugins
+	meta  *libcni.NetworkConfigList
+	pods  rpc.PodsClient
+	ptp   archive
+	state string
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	harness.RequireRoot(b)
+	bin := skeintest.Binaries(b)
+	e := &benchEnv{ptp: packCNI(b, bin, "ptp", "host-local"), state: b.TempDir()}
+	img := "file://" + e.ptp.path
+	e.node = harness.NewNS(b, "node")
+	e.pod = harness.NewNS(b, "pod")
+	e.d = startSkeind(b, e.node, []map[string]any{
+		withImage(ptpConf("ka", "10.90.0.0/24", ""), img),
+		withImage(ptpConf("kb", "10.90.1.0/24", ""), img),
+		withImage(ptpConf("kc", "10.90.2.0/24", ""), img),
+	})
+	e.cni = e.d.CNI()
+	e.meta = metaList(b, e.d)
+	e.pods = pods(b, e.d)
+	return e
+}
+
+// inNode runs fn in the node namespace: a directly exec'd plugin works
+// where it is started, and must plumb the node, never the host.
+func (e *benchEnv) inNode(b *testing.B, fn func() error) {
+	b.Helper()
+	if err := e.node.Do(fn); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// direct is a conflist of the plain ptp plugin.
+func (e *benchEnv) direct(b *testing.B, name, subnet string) *libcni.NetworkConfigList {
+	return skeintest.ConfList(b, name, "1.0.0", skeintest.Plugin(ptpConf(name, subnet, filepath.Join(e.state, "ipam"))))
+}
+
+// lat collects one variant's durations.
+type lat map[string][]time.Duration
+
+func (l lat) time(name string, fn func()) {
+	start := time.Now()
+	fn()
+	l[name] = append(l[name], time.Since(start))
+}
+
+func (l lat) report(b *testing.B, order ...string) {
+	for _, name := range order {
+		d := slices.Clone(l[name])
+		slices.Sort(d)
+		if len(d) == 0 {
+			continue
+		}
+		b.ReportMetric(ms(d[len(d)/2]), name+"-p50-ms")
+		b.ReportMetric(ms(d[len(d)*9/10]), name+"-p90-ms")
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// BenchmarkKurmaAttach: a pod attached to one image-backed network (ptp)
+// through the CNI meta mode (libcni → skein → skeind → sandbox → shim →
+// ptp) and through skeind's Pods API (what skeinctl pod attach calls),
+// against the same ptp exec'd directly by libcni.
+func BenchmarkKurmaAttach(b *testing.B) {
+	e := newBenchEnv(b)
+	direct := e.direct(b, "da", "10.91.0.0/24")
+	c := context.Background()
+	var l lat
+	run := func(measure bool, i int) {
+		t := lat{}
+		id := fmt.Sprintf("bench-%d", i)
+		rtMeta := annotated(id, e.pod.Path(), "ka")
+		rtDirect := skeintest.RT(id, e.pod.Path(), "eth0")
+		e.inNode(b, func() error {
+			t.time("image-cni", func() {
+				if _, err := e.cni.AddNetworkList(c, e.meta, rtMeta); err != nil {
+					b.Fatalf("meta ADD: %v", err)
+				}
+			})
+			if err := e.cni.DelNetworkList(c, e.meta, rtMeta); err != nil {
+				b.Fatalf("meta DEL: %v", err)
+			}
+			t.time("image-api", func() {
+				if _, err := e.pods.Attach(c, &rpc.PodAttachRequest{Id: id, Netns: e.pod.Path(), Networks: []*rpc.PodNetwork{{Network: "ka", Ifname: "eth0"}}}); err != nil {
+					b.Fatalf("pods attach: %v", err)
+				}
+			})
+			if _, err := e.pods.Detach(c, &rpc.PodRef{Id: id}); err != nil {
+				b.Fatalf("pods detach: %v", err)
+			}
+			t.time("direct", func() {
+				if _, err := e.cni.AddNetworkList(c, direct, rtDirect); err != nil {
+					b.Fatalf("direct ADD: %v", err)
+				}
+			})
+			if err := e.cni.DelNetworkList(c, direct, rtDirect); err != nil {
+				b.Fatalf("direct DEL: %v", err)
+			}
+			return nil
+		})
+		if measure {
+			for k, v := range t {
+				l[k] = append(l[k], v...)
+			}
+		}
+	}
+	run(false, -1) // warm up: the image unpacked, caches filled
+	l = lat{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		run(true, i)
+	}
+	b.StopTimer()
+	l.report(b, "image-cni", "image-api", "direct")
+	b.ReportMetric(ms(median(l["image-cni"])-median(l["direct"])), "cni-overhead-ms")
+	b.ReportMetric(ms(median(l["image-api"])-median(l["direct"])), "api-overhead-ms")
+}
+
+// BenchmarkKurma3Networks: a pod attached to three image-backed networks
+// by one meta-mode ADD, against three separate libcni calls of ptp.
+func BenchmarkKurma3Networks(b *testing.B) {
+	e := newBenchEnv(b)
+	directs := []*libcni.NetworkConfigList{e.direct(b, "da", "10.91.0.0/24"), e.direct(b, "db", "10.91.1.0/24"), e.direct(b, "dc", "10.91.2.0/24")}
+	ifnames := []string{"eth0", "net1", "net2"}
+	c := context.Background()
+	l := lat{}
+	run := func(i int) lat {
+		t := lat{}
+		id := fmt.Sprintf("bench3-%d", i)
+		rtMeta := annotated(id, e.pod.Path(), "ka,kb@net1,kc@net2")
+		e.inNode(b, func() error {
+			t.time("image-3nets", func() {
+				if _, err := e.cni.AddNetworkList(c, e.meta, rtMeta); err != nil {
+					b.Fatalf("meta ADD: %v", err)
+				}
+			})
+			if err := e.cni.DelNetworkList(c, e.meta, rtMeta); err != nil {
+				b.Fatalf("meta DEL: %v", err)
+			}
+			t.time("direct-3calls", func() {
+				for j, d := range directs {
+					if _, err := e.cni.AddNetworkList(c, d, skeintest.RT(id, e.pod.Path(), ifnames[j])); err != nil {
+						b.Fatalf("direct ADD %d: %v", j, err)
+					}
+				}
+			})
+			for j, d := range directs {
+				if err := e.cni.DelNetworkList(c, d, skeintest.RT(id, e.pod.Path(), ifnames[j])); err != nil {
+					b.Fatalf("direct DEL %d: %v", j, err)
+				}
+			}
+			return nil
+		})
+		return t
+	}
+	run(-1)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k, v := range run(i) {
+			l[k] = append(l[k], v...)
+		}
+	}
+	b.StopTimer()
+	l.report(b, "image-3nets", "direct-3calls")
+}
+
+// BenchmarkKurmaUnpack: fetching and unpacking the packed ptp+host-local
+// image (a docker-save archive) into an empty cache.
+func BenchmarkKurmaUnpack(b *testing.B) {
+	harness.RequireRoot(b)
+	a := packCNI(b, skeintest.Binaries(b), "ptp", "host-local")
+	ref, err := image.Parse(image.Source{Image: "file://" + a.path})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := lat{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		cache, err := image.Open(image.Options{Dir: filepath.Join(b.TempDir(), "images")})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		l.time("unpack", func() {
+			_, release, err := cache.Acquire(context.Background(), ref)
+			if err != nil {
+				b.Fatal(err)
+			}
+			release()
+		})
+	}
+	b.StopTimer()
+	l.report(b, "unpack")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
