@@ -28,7 +28,11 @@
 // /var/lib/network.
 //
 // The shim is linked statically and imports only the standard library: it
-// starts for every call.
+// starts for every call. For the same reason it does not size GOMAXPROCS
+// from its cgroup (reading those files costs more than it saves), and
+// pack-cni's images set GOMAXPROCS=1 for it and the plugins it starts.
+//
+//go:debug containermaxprocs=0
 package main
 
 import (

@@ -3,8 +3,10 @@ package kurma
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/kurma/image"
+	"github.com/skeinnet/skein/internal/kurma/sandbox"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -90,7 +93,13 @@ func (e *benchEnv) direct(b *testing.B, name, subnet string) *libcni.NetworkConf
 // lat collects one variant's durations.
 type lat map[string][]time.Duration
 
+// settle is the pause before each timed op: a DEL's veth removal leaves
+// kernel work behind it (the next op measured right after one was ~2 ms
+// slower, whichever variant it was).
+const settle = 100 * time.Millisecond
+
 func (l lat) time(name string, fn func()) {
+	time.Sleep(settle)
 	start := time.Now()
 	fn()
 	l[name] = append(l[name], time.Since(start))
@@ -254,4 +263,75 @@ func median(d []time.Duration) time.Duration {
 		return 0
 	}
 	return s[len(s)/2]
+}
+
+// BenchmarkKurmaCallParts splits an image network's add into its parts,
+// without skeind: ptp exec'd directly in the node namespace (as libcni
+// would, without libcni), the same through the shim of the unpacked image
+// (shim start and its fork of ptp), and the shim run by the sandbox with
+// warm inits (mount namespace, read-only root, node netns), as skeind's
+// Manager calls it. What image-api adds beyond "sandboxed" is the
+// Manager's part (records, planning) and the gRPC call.
+func BenchmarkKurmaCallParts(b *testing.B) {
+	harness.RequireRoot(b)
+	a := packCNI(b, skeintest.Binaries(b), "ptp", "host-local")
+	ref, err := image.Parse(image.Source{Image: "file://" + a.path})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cache, err := image.Open(image.Options{Dir: filepath.Join(b.TempDir(), "images")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	img, release, err := cache.Acquire(context.Background(), ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(release)
+	node, pod := harness.NewNS(b, "node"), harness.NewNS(b, "pod")
+	sb, err := sandbox.New(sandbox.Options{ScratchDir: b.TempDir(), NodeNetNS: node.Path()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sb.Close() })
+	state := b.TempDir()
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"p","type":"ptp","ipam":{"type":"host-local","subnet":"10.90.0.0/24","dataDir":%q}}`, state+"/ipam")
+	exe := func(path string, env []string, args ...string) {
+		err := node.Do(func() error {
+			cmd := exec.Command(path, args...)
+			cmd.Env = env
+			cmd.Stdin = strings.NewReader(conf)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s: %w: %s", path, err, out)
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	cniEnv := func(op string) []string {
+		return []string{"CNI_COMMAND=" + op, "CNI_CONTAINERID=parts", "CNI_NETNS=" + pod.Path(), "CNI_IFNAME=eth0", "CNI_PATH=" + skeintest.RefPluginDir}
+	}
+	shimEnv := append(slices.Clone(img.Env), "SKEIN_NETPLUGIN_STATE="+state)
+	plugin := sandbox.Plugin{Rootfs: img.Root, Config: []byte(conf), StateDir: state, Env: img.Env} // as the Manager calls it
+	sbRun := func(op sandbox.Op) {
+		if _, err := sb.Run(context.Background(), plugin.Call(op, pod.Path(), "parts", "eth0")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ptp := filepath.Join(skeintest.RefPluginDir, "ptp")
+	l := lat{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l.time("direct", func() { exe(ptp, cniEnv("ADD")) })
+		exe(ptp, cniEnv("DEL"))
+		l.time("shim", func() { exe(filepath.Join(img.Root, "opt/network/add"), shimEnv, pod.Path(), "parts", "eth0") })
+		exe(filepath.Join(img.Root, "opt/network/del"), shimEnv, pod.Path(), "parts", "eth0")
+		l.time("sandboxed", func() { sbRun(sandbox.OpAdd) })
+		sbRun(sandbox.OpDel)
+	}
+	b.StopTimer()
+	l.report(b, "direct", "shim", "sandboxed")
 }
