@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube fuzz
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-kurma fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -57,6 +57,7 @@ conformance: deps build
 bench: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT)
 	$(MAKE) bench-frontdoors
+	$(MAKE) bench-kurma
 	$(MAKE) bench-kube KUBE_SCALE="-nodes 1000 -pods 100000"
 
 # Kubernetes mode at scale: real apiserver+etcd, the skein-controller
@@ -74,9 +75,19 @@ bench-frontdoors: deps build
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench DockerRun -benchtime 30x ./test/docker/ | tee $(BENCH_OUT)/docker.txt
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench DHCPLease -benchtime 100x ./test/vm/ | tee $(BENCH_OUT)/dhcp.txt
 
+# Pod networks (Kurma): an image-backed network (the reference ptp packed
+# by skeinctl image pack-cni) vs the same plugin through libcni, image
+# unpack, a pod on 3 networks vs 3 libcni calls; medians in
+# $(BENCH_OUT)/kurma.txt (docs/benchmarks/kurma.md). Root.
+KURMA_BENCHTIME ?= 30x
+bench-kurma: deps build
+	mkdir -p $(BENCH_OUT)
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench Kurma -benchtime $(KURMA_BENCHTIME) ./test/kurma/ | tee $(BENCH_OUT)/kurma.txt
+
 # The same in under two minutes: fewer operations, nodes of 10 and 1,000.
 bench-quick: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT) -quick
+	$(MAKE) bench-kurma KURMA_BENCHTIME=5x
 	$(MAKE) bench-kube
 
 # Every fuzz target for FUZZTIME each (go test fuzzes one target per

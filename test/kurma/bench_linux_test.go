@@ -119,6 +119,24 @@ func (l lat) report(b *testing.B, order ...string) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// step is one variant of a benchmark: a timed op and its untimed undo.
+type step struct {
+	name string
+	op   func(id string)
+	undo func(id string)
+}
+
+// runSteps runs every step once for pod id, starting at step first and
+// wrapping around (a benchmark rotates the start op by op: whichever op
+// follows a DEL pays for the kernel work that DEL left behind).
+func runSteps(t lat, first int, id string, steps []step) {
+	for k := range steps {
+		s := steps[(first+k)%len(steps)]
+		t.time(s.name, func() { s.op(id) })
+		s.undo(id)
+	}
+}
+
 // BenchmarkKurmaAttach: a pod attached to one image-backed network (ptp)
 // through the CNI meta mode (libcni → skein → skeind → sandbox → shim →
 // ptp) and through skeind's Pods API (what skeinctl pod attach calls),
@@ -127,50 +145,38 @@ func BenchmarkKurmaAttach(b *testing.B) {
 	e := newBenchEnv(b)
 	direct := e.direct(b, "da", "10.91.0.0/24")
 	c := context.Background()
-	var l lat
-	run := func(measure bool, i int) {
-		t := lat{}
-		id := fmt.Sprintf("bench-%d", i)
-		rtMeta := annotated(id, e.pod.Path(), "ka")
-		rtDirect := skeintest.RT(id, e.pod.Path(), "eth0")
-		e.inNode(b, func() error {
-			t.time("image-cni", func() {
-				if _, err := e.cni.AddNetworkList(c, e.meta, rtMeta); err != nil {
-					b.Fatalf("meta ADD: %v", err)
-				}
-			})
-			if err := e.cni.DelNetworkList(c, e.meta, rtMeta); err != nil {
-				b.Fatalf("meta DEL: %v", err)
-			}
-			t.time("image-api", func() {
-				if _, err := e.pods.Attach(c, &rpc.PodAttachRequest{Id: id, Netns: e.pod.Path(), Networks: []*rpc.PodNetwork{{Network: "ka", Ifname: "eth0"}}}); err != nil {
-					b.Fatalf("pods attach: %v", err)
-				}
-			})
-			if _, err := e.pods.Detach(c, &rpc.PodRef{Id: id}); err != nil {
-				b.Fatalf("pods detach: %v", err)
-			}
-			t.time("direct", func() {
-				if _, err := e.cni.AddNetworkList(c, direct, rtDirect); err != nil {
-					b.Fatalf("direct ADD: %v", err)
-				}
-			})
-			if err := e.cni.DelNetworkList(c, direct, rtDirect); err != nil {
-				b.Fatalf("direct DEL: %v", err)
-			}
-			return nil
-		})
-		if measure {
-			for k, v := range t {
-				l[k] = append(l[k], v...)
-			}
+	must := func(what string, err error) {
+		if err != nil {
+			b.Fatalf("%s: %v", what, err)
 		}
 	}
-	run(false, -1) // warm up: the image unpacked, caches filled
-	l = lat{}
+	steps := []step{
+		{"image-cni",
+			func(id string) {
+				_, err := e.cni.AddNetworkList(c, e.meta, annotated(id, e.pod.Path(), "ka"))
+				must("meta ADD", err)
+			},
+			func(id string) { must("meta DEL", e.cni.DelNetworkList(c, e.meta, annotated(id, e.pod.Path(), "ka"))) }},
+		{"image-api",
+			func(id string) {
+				_, err := e.pods.Attach(c, &rpc.PodAttachRequest{Id: id, Netns: e.pod.Path(), Networks: []*rpc.PodNetwork{{Network: "ka", Ifname: "eth0"}}})
+				must("pods attach", err)
+			},
+			func(id string) { _, err := e.pods.Detach(c, &rpc.PodRef{Id: id}); must("pods detach", err) }},
+		{"direct",
+			func(id string) {
+				_, err := e.cni.AddNetworkList(c, direct, skeintest.RT(id, e.pod.Path(), "eth0"))
+				must("direct ADD", err)
+			},
+			func(id string) {
+				must("direct DEL", e.cni.DelNetworkList(c, direct, skeintest.RT(id, e.pod.Path(), "eth0")))
+			}},
+	}
+	e.inNode(b, func() error { runSteps(lat{}, 0, "warmup", steps); return nil })
+	l := lat{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		run(true, i)
+		e.inNode(b, func() error { runSteps(l, i, fmt.Sprintf("bench-%d", i), steps); return nil })
 	}
 	b.StopTimer()
 	l.report(b, "image-cni", "image-api", "direct")
@@ -185,42 +191,39 @@ func BenchmarkKurma3Networks(b *testing.B) {
 	directs := []*libcni.NetworkConfigList{e.direct(b, "da", "10.91.0.0/24"), e.direct(b, "db", "10.91.1.0/24"), e.direct(b, "dc", "10.91.2.0/24")}
 	ifnames := []string{"eth0", "net1", "net2"}
 	c := context.Background()
-	l := lat{}
-	run := func(i int) lat {
-		t := lat{}
-		id := fmt.Sprintf("bench3-%d", i)
-		rtMeta := annotated(id, e.pod.Path(), "ka,kb@net1,kc@net2")
-		e.inNode(b, func() error {
-			t.time("image-3nets", func() {
-				if _, err := e.cni.AddNetworkList(c, e.meta, rtMeta); err != nil {
+	steps := []step{
+		{"image-3nets",
+			func(id string) {
+				if _, err := e.cni.AddNetworkList(c, e.meta, annotated(id, e.pod.Path(), "ka,kb@net1,kc@net2")); err != nil {
 					b.Fatalf("meta ADD: %v", err)
 				}
-			})
-			if err := e.cni.DelNetworkList(c, e.meta, rtMeta); err != nil {
-				b.Fatalf("meta DEL: %v", err)
-			}
-			t.time("direct-3calls", func() {
+			},
+			func(id string) {
+				if err := e.cni.DelNetworkList(c, e.meta, annotated(id, e.pod.Path(), "ka,kb@net1,kc@net2")); err != nil {
+					b.Fatalf("meta DEL: %v", err)
+				}
+			}},
+		{"direct-3calls",
+			func(id string) {
 				for j, d := range directs {
 					if _, err := e.cni.AddNetworkList(c, d, skeintest.RT(id, e.pod.Path(), ifnames[j])); err != nil {
 						b.Fatalf("direct ADD %d: %v", j, err)
 					}
 				}
-			})
-			for j, d := range directs {
-				if err := e.cni.DelNetworkList(c, d, skeintest.RT(id, e.pod.Path(), ifnames[j])); err != nil {
-					b.Fatalf("direct DEL %d: %v", j, err)
+			},
+			func(id string) {
+				for j, d := range directs {
+					if err := e.cni.DelNetworkList(c, d, skeintest.RT(id, e.pod.Path(), ifnames[j])); err != nil {
+						b.Fatalf("direct DEL %d: %v", j, err)
+					}
 				}
-			}
-			return nil
-		})
-		return t
+			}},
 	}
-	run(-1)
+	e.inNode(b, func() error { runSteps(lat{}, 0, "warmup", steps); return nil })
+	l := lat{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		for k, v := range run(i) {
-			l[k] = append(l[k], v...)
-		}
+		e.inNode(b, func() error { runSteps(l, i, fmt.Sprintf("bench3-%d", i), steps); return nil })
 	}
 	b.StopTimer()
 	l.report(b, "image-3nets", "direct-3calls")
