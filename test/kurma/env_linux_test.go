@@ -109,15 +109,27 @@ func uplink(t testing.TB, node *harness.NS, addr netip.Prefix) *harness.NS {
 // node with it.
 func startSkeind(t testing.TB, node *harness.NS, nets []map[string]any) *skeintest.Daemon {
 	t.Helper()
+	return startSkeindConf(t, node, filepath.Join(t.TempDir(), "skeind.json"), nets)
+}
+
+// startSkeindConf is startSkeind with the config file at path (a test
+// that rewrites it before a restart).
+func startSkeindConf(t testing.TB, node *harness.NS, path string, nets []map[string]any) *skeintest.Daemon {
+	t.Helper()
+	writeConfig(t, path, nets)
+	return skeintest.StartDaemon(t, skeintest.Options{Node: node, Args: []string{"--config", path}})
+}
+
+// writeConfig writes skeind's config file with these pod networks.
+func writeConfig(t testing.TB, path string, nets []map[string]any) {
+	t.Helper()
 	b, err := json.Marshal(map[string]any{"podNetworks": nets})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := filepath.Join(t.TempDir(), "skeind.json")
-	if err := os.WriteFile(conf, b, 0o644); err != nil {
+	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return skeintest.StartDaemon(t, skeintest.Options{Node: node, Args: []string{"--config", conf}})
 }
 
 // metaList is the conflist of the meta mode: one skein plugin asking for

@@ -1,0 +1,100 @@
+package kurma
+
+import (
+	"net/netip"
+	"path/filepath"
+	"testing"
+
+	types020 "github.com/containernetworking/cni/pkg/types/020"
+
+	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// TestMetaVersions: the meta mode answers in the conflist's CNI version,
+// old ones included (0.2.0 has room for one address per family: the first
+// network's), and every version's DEL detaches the pod.
+func TestMetaVersions(t *testing.T) {
+	harness.RequireRoot(t)
+	bin := skeintest.Binaries(t)
+	img := packCNI(t, bin, "bridge", "host-local")
+	node := harness.NewNS(t, "node")
+	d := startSkeind(t, node, []map[string]any{
+		poolNet("pool", true),
+		bridgeNet("blue", "file://"+img.path, "", "kbr-v", "10.77.0.0/24"),
+	})
+	cni := d.CNI()
+	for _, v := range []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.2.0"} {
+		t.Run(v, func(t *testing.T) {
+			pod := harness.NewNS(t, "pod")
+			list := skeintest.ConfList(t, "pods", v, d.SkeinPlugin(skeintest.Plugin{"podNetworks": true}))
+			rt := skeintest.RT("ver-"+v[:1]+v[2:3]+v[4:], pod.Path(), "eth0")
+			rt.Args = [][2]string{{"SKEIN_NETWORKS", "pool,blue@net1"}}
+			res, err := cni.AddNetworkList(ctx(t), list, rt)
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if res.Version() != v {
+				t.Errorf("result version %s, want %s", res.Version(), v)
+			}
+			if v == "0.2.0" {
+				r, err := types020.GetResult(res)
+				if err != nil || r.IP4 == nil || !netip.MustParsePrefix("10.64.0.0/16").Contains(netip.MustParseAddr(r.IP4.IP.IP.String())) {
+					t.Errorf("0.2.0 result %+v %v: want the pool's address as ip4", r, err)
+				}
+			} else {
+				a := ifaces(t, res)
+				if !netip.MustParsePrefix("10.77.0.0/24").Contains(v4(a["net1"])) || !v4(a["eth0"]).IsValid() {
+					t.Errorf("result %v", a)
+				}
+			}
+			if _, err := pod.Handle(t).LinkByName("net1"); err != nil {
+				t.Errorf("net1: %v", err)
+			}
+			if err := cni.DelNetworkList(ctx(t), list, rt); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if links, _ := pod.Handle(t).LinkList(); len(links) != 1 {
+				t.Errorf("%d links left", len(links))
+			}
+		})
+	}
+}
+
+// TestMetaRestart: skeind is killed (SIGKILL) between a meta ADD and its
+// DEL, and the network leaves its config meanwhile; the DEL after the
+// restart still removes everything (from the records), and a second
+// DEL succeeds.
+func TestMetaRestart(t *testing.T) {
+	harness.RequireRoot(t)
+	bin := skeintest.Binaries(t)
+	img := packCNI(t, bin, "bridge", "host-local")
+	node := harness.NewNS(t, "node")
+	conf := filepath.Join(t.TempDir(), "skeind.json")
+	d := startSkeindConf(t, node, conf, []map[string]any{
+		poolNet("pool", true),
+		bridgeNet("blue", "file://"+img.path, "", "kbr-r", "10.77.0.0/24"),
+	})
+	pod := harness.NewNS(t, "pod")
+	list := metaList(t, d)
+	rt := annotated("restart-1", pod.Path(), "pool,blue@net1")
+	if _, err := d.CNI().AddNetworkList(ctx(t), list, rt); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	d.Kill(t)
+	// The new config has no pod network named blue any more.
+	writeConfig(t, conf, []map[string]any{poolNet("pool", true)})
+	d.Start(t)
+	for i := range 2 {
+		if err := d.CNI().DelNetworkList(ctx(t), list, rt); err != nil {
+			t.Fatalf("DEL #%d after restart: %v\n%s", i+1, err, d.Log())
+		}
+	}
+	if links, _ := pod.Handle(t).LinkList(); len(links) != 1 {
+		t.Errorf("%d links left in the pod", len(links))
+	}
+	if l, err := pods(t, d).List(ctx(t), &rpc.Empty{}); err != nil || len(l.Pods) != 0 {
+		t.Errorf("records: %v %v", l, err)
+	}
+}
