@@ -17,6 +17,7 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -31,7 +32,7 @@ import (
 
 // pluginBin is testdata/plugin built static; pluginImage an OCI layout
 // (file://) holding it as /opt/network/add and /opt/network/del.
-var pluginBin, pluginImage string
+var pluginBin, pluginImage, mainImage string
 
 func TestMain(m *testing.M) {
 	// This test binary doubles as the sandbox init (re-executed).
@@ -56,7 +57,10 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build test plugin: %v\n%s", err, out)
 		return 1
 	}
-	if pluginImage, err = writeImage(filepath.Join(dir, "image"), pluginBin); err != nil {
+	if pluginImage, err = writeImage(filepath.Join(dir, "image"), pluginBin, false); err == nil {
+		mainImage, err = writeImage(filepath.Join(dir, "image-main"), pluginBin, true)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "test image: %v\n", err)
 		return 1
 	}
@@ -64,8 +68,10 @@ func run(m *testing.M) int {
 }
 
 // writeImage writes an OCI layout at dir whose one layer holds bin as
-// /opt/network/add and /opt/network/del, and returns its file:// reference.
-func writeImage(dir, bin string) (string, error) {
+// /opt/network/add and /opt/network/del (and, with main, /opt/network/main
+// as the image's entry point: its main exec), and returns its file://
+// reference.
+func writeImage(dir, bin string, main bool) (string, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return "", err
@@ -75,7 +81,11 @@ func writeImage(dir, bin string) (string, error) {
 	for _, d := range []string{"opt/", "opt/network/", "var/", "var/lib/", "var/lib/network/"} {
 		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
 	}
-	for _, f := range []string{"opt/network/add", "opt/network/del"} {
+	files := []string{"opt/network/add", "opt/network/del"}
+	if main {
+		files = append(files, "opt/network/main")
+	}
+	for _, f := range files {
 		tw.WriteHeader(&tar.Header{Name: f, Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data))})
 		tw.Write(data)
 	}
@@ -87,6 +97,9 @@ func writeImage(dir, bin string) (string, error) {
 		return "", err
 	}
 	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err == nil && main {
+		img, err = mutate.Config(img, v1.Config{Entrypoint: []string{"/opt/network/main"}})
+	}
 	if err != nil {
 		return "", err
 	}
@@ -136,6 +149,7 @@ const testNets = `[
 ]`
 
 func netsJSON(s string) json.RawMessage {
+	s = strings.ReplaceAll(s, "%MAINIMG%", mainImage)
 	return json.RawMessage(strings.ReplaceAll(s, "%IMG%", pluginImage))
 }
 
