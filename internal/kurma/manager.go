@@ -442,7 +442,7 @@ func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
 					Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
 					Stdin: n.Raw, Env: img.Env, StateDir: dir,
 				},
-				Logger: m.log.With("network", n.Name),
+				Logger: m.log,
 			})
 		}
 		if err != nil {

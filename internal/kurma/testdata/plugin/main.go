@@ -19,6 +19,7 @@ import (
 )
 
 type config struct {
+	Main string `json:"main"`
 	Name string `json:"name"`
 	Mode string `json:"mode"`
 	Addr string `json:"addr"`
@@ -34,6 +35,17 @@ func main() {
 	var c config
 	if err := json.Unmarshal(raw, &c); err != nil {
 		fail("parse config: %v", err)
+	}
+	if filepath.Base(os.Args[0]) == "main" {
+		// The image's main exec: runs for the network's lifetime, or, with
+		// "main":"die", fails at once (and again at every restart).
+		logLine(fmt.Sprintf("%d main %s", time.Now().UnixNano(), c.Name))
+		if c.Main == "die" {
+			fail("main exec told to die")
+		}
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 	if len(os.Args) != 4 {
 		fail("want 3 arguments (netns, uuid, ifname), got %q", os.Args[1:])
