@@ -1,0 +1,59 @@
+package routebench
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/skeinnet/skein/internal/routing"
+)
+
+// The baseline of the vxlan rows: a plain kernel VXLAN pair made by hand
+// between two node namespaces, as `ip link add hvx type vxlan id 4200
+// local A remote B dstport 4789 dev eth0` makes it, with the MTU rule
+// skein uses (the underlay's minus routing.OverheadVXLAN4), and an address
+// of 172.31.0.0/24 on each end.
+const (
+	handVNI    = 4200
+	handDevice = "hvx"
+)
+
+var handSubnet = netip.MustParsePrefix("172.31.0.0/24")
+
+// handVXLAN makes the pair between a and b and returns the far end's
+// address of each side (a reaches b at the second).
+func handVXLAN(t testing.TB, a, b *node) (aAddr, bAddr netip.Addr) {
+	t.Helper()
+	aAddr, bAddr = handSubnet.Addr().Next(), handSubnet.Addr().Next().Next()
+	for _, side := range []struct {
+		n, peer *node
+		addr    netip.Addr
+	}{{a, b, aAddr}, {b, a, bAddr}} {
+		h := side.n.ns.Handle(t)
+		eth0, err := h.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		vx := &netlink.Vxlan{
+			LinkAttrs:    netlink.LinkAttrs{Name: handDevice, MTU: eth0.Attrs().MTU - routing.OverheadVXLAN4, TxQLen: -1},
+			VxlanId:      handVNI,
+			VtepDevIndex: eth0.Attrs().Index,
+			SrcAddr:      side.n.addr.AsSlice(),
+			Group:        side.peer.addr.AsSlice(),
+			Port:         routing.DefaultVXLANPort,
+			Learning:     true,
+		}
+		if err := h.LinkAdd(vx); err != nil {
+			t.Fatalf("vxlan %s in %s: %v", handDevice, side.n.name, err)
+		}
+		if err := h.AddrAdd(vx, &netlink.Addr{IPNet: &net.IPNet{IP: side.addr.AsSlice(), Mask: net.CIDRMask(handSubnet.Bits(), 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetUp(vx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return aAddr, bAddr
+}

@@ -1,0 +1,3 @@
+package routebench
+
+func writeReport(dir string) error { return nil }
