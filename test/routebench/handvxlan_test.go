@@ -14,13 +14,13 @@ import (
 // between two node namespaces, as `ip link add hvx type vxlan id 4200
 // local A remote B dstport 4789 dev eth0` makes it, with the MTU rule
 // skein uses (the underlay's minus routing.OverheadVXLAN4), and an address
-// of 172.31.0.0/24 on each end.
+// of 192.168.231.0/24 on each end.
 const (
 	handVNI    = 4200
 	handDevice = "hvx"
 )
 
-var handSubnet = netip.MustParsePrefix("172.31.0.0/24")
+var handSubnet = netip.MustParsePrefix("192.168.231.0/24")
 
 // handVXLAN makes the pair between a and b and returns the far end's
 // address of each side (a reaches b at the second).
