@@ -16,6 +16,18 @@
 // device), adds and replaces before it deletes, never touches what it did
 // not make, and reports per block what it applied. A restart rebuilds the
 // same state from the API and the kernel.
+//
+// The kernel side (Kernel, Linux only) owns exactly: routes in its table
+// (default 120) tagged with its protocol (32), the rules "from all lookup
+// 120" at priority 2001, and the VXLAN device (by name, marked by its alias;
+// its FDB and permanent neighbour entries). A block for which the table
+// already holds a route of another protocol is reported, not overwritten.
+// direct routes a block via its node's address of the block's family, an
+// IPv4 block via the node's IPv6 address if it has no IPv4 one (RTA_VIA);
+// the address must be on a connected network. vxlan's underlay is the first
+// of KernelConfig.LocalAddrs; peers need an address of that family. Every
+// node's device MAC is MACFor(its underlay address), so nothing but the
+// addresses is exchanged.
 package routing
 
 import (

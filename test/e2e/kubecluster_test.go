@@ -1,18 +1,11 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,99 +21,13 @@ import (
 	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/kubenode"
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // clusterWait bounds every wait of TestKubeCluster: generous for a loaded
 // two-core machine, short enough that a hang fails the test.
 const clusterWait = 45 * time.Second
-
-// ctrlProc is a running skein-controller binary.
-type ctrlProc struct {
-	name    string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	metrics string
-	log     string
-}
-
-func loopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startController runs skein-controller with a short Lease (5 s) and no
-// webhook; it is SIGTERMed at cleanup, and its log shown if the test failed.
-func startController(t *testing.T, kubeconfig, name string) *ctrlProc {
-	t.Helper()
-	metricsAddr, healthAddr := loopbackAddr(t), loopbackAddr(t)
-	p := &ctrlProc{name: name, done: make(chan struct{}), metrics: "http://" + metricsAddr + "/metrics",
-		log: filepath.Join(t.TempDir(), name+".log")}
-	logf, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	p.cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"),
-		"--kubeconfig", kubeconfig, "--metrics-addr", metricsAddr, "--health-addr", healthAddr,
-		"--leader-elect-namespace", "kube-system", "--leader-elect-lease-duration", "5s",
-		"--leader-elect-renew-deadline", "4s", "--leader-elect-retry-period", "500ms",
-		"--gc-interval", "2s", "--webhook-port", "0")
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
-			t.Logf("log of %s:\n%s", name, b)
-		}
-	})
-	eventually(t, name+" healthy", func() string {
-		resp, err := http.Get("http://" + healthAddr + "/healthz")
-		if err != nil {
-			return err.Error()
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return resp.Status
-		}
-		return ""
-	})
-	return p
-}
-
-// sample returns the value of the sample named series ("name{labels}")
-// in p's metrics, "" when there is none.
-func (p *ctrlProc) sample(t *testing.T, series string) string {
-	t.Helper()
-	resp, err := http.Get(p.metrics)
-	if err != nil {
-		t.Fatalf("scrape %s: %v", p.name, err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			return v
-		}
-	}
-	return ""
-}
 
 const (
 	leading = `leader_election_master_status{name="skein-controller"}`
@@ -131,17 +38,7 @@ const (
 // sees) until clusterWait has passed.
 func eventually(t *testing.T, what string, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(clusterWait)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %s after %v", what, msg, clusterWait)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	kubenode.Eventually(t, clusterWait, what, cond)
 }
 
 // clusterPod is one pod attached on one node.
@@ -240,7 +137,7 @@ func TestKubeCluster(t *testing.T) {
 	}
 	poolOfNS := map[string]string{"plain": "default", "team-blue": "blue"}
 
-	ctrls := []*ctrlProc{startController(t, kc, "ctrl-a"), startController(t, kc, "ctrl-b")}
+	ctrls := []*kubenode.Controller{kubenode.StartController(t, kc, "ctrl-a"), kubenode.StartController(t, kc, "ctrl-b")}
 	nodes := map[string]*kubeNode{}
 	lists := map[string]*libcni.NetworkConfigList{}
 	for _, n := range nodeNames {
@@ -278,9 +175,9 @@ func TestKubeCluster(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	var leader, standby *ctrlProc
+	var leader, standby *kubenode.Controller
 	eventually(t, "one controller leading", func() string {
-		a, b := ctrls[0].sample(t, leading), ctrls[1].sample(t, leading)
+		a, b := ctrls[0].Sample(t, leading), ctrls[1].Sample(t, leading)
 		switch {
 		case a == "1" && b != "1":
 			leader, standby = ctrls[0], ctrls[1]
@@ -291,8 +188,8 @@ func TestKubeCluster(t *testing.T) {
 		}
 		return ""
 	})
-	if leader.sample(t, served) == "" {
-		t.Errorf("the leader %s served none of the first burst", leader.name)
+	if leader.Sample(t, served) == "" {
+		t.Errorf("the leader %s served none of the first burst", leader.Name)
 	}
 
 	// The leader SIGKILLed in the middle of a burst (once it has carved
@@ -312,10 +209,7 @@ func TestKubeCluster(t *testing.T) {
 		wg.Wait()
 		t.Fatalf("no block carved for the burst within %v", clusterWait)
 	}
-	if err := leader.cmd.Process.Kill(); err != nil {
-		t.Error(err)
-	}
-	<-leader.done
+	leader.Kill(t)
 	killed := time.Now()
 	var ghostReqs []string
 	for range 4 {
@@ -346,8 +240,8 @@ func TestKubeCluster(t *testing.T) {
 		return ""
 	})
 	t.Logf("the burst and kc-ghost's requests were served %v after the leader was killed", time.Since(killed).Round(time.Millisecond))
-	if standby.sample(t, leading) != "1" || standby.sample(t, served) == "" {
-		t.Errorf("the standby %s does not lead or served nothing after the leader was killed", standby.name)
+	if standby.Sample(t, leading) != "1" || standby.Sample(t, served) == "" {
+		t.Errorf("the standby %s does not lead or served nothing after the leader was killed", standby.Name)
 	}
 
 	// Every address in a block of its node and its namespace's pool, no

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -26,6 +25,7 @@ import (
 	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/kubenode"
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
@@ -39,15 +39,8 @@ type kubeNode struct {
 
 func startKubeNode(t *testing.T, kubeconfig, name string, extra ...string) *kubeNode {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	args := append([]string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--node", name, "--metrics-addr", addr}, extra...)
-	e := newEnv(t, skeintest.Options{DefaultPool: []string{}, Args: args})
-	return &kubeNode{env: e, name: name, metrics: "http://" + addr + "/metrics"}
+	n := kubenode.StartNode(t, kubeconfig, name, kubenode.NodeOptions{Args: extra})
+	return &kubeNode{env: &env{d: n.D, cni: n.D.CNI(), base: nodeState(t, n.D)}, name: name, metrics: n.Metrics}
 }
 
 // apiWrites reads skein_api_requests_total from skeind's metrics and

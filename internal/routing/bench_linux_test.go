@@ -1,0 +1,82 @@
+package routing_test
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/test/harness"
+)
+
+// benchRemotes describes nodes nodes with two IPv4 /26 blocks and one IPv6
+// /64 block each, node i at 10.100.i/16 and fd64::i on the underlay.
+func benchRemotes(nodes int) []routing.Remote {
+	var out []routing.Remote
+	base := netip.MustParseAddr("10.128.0.0").As4()
+	for i := 0; i < nodes; i++ {
+		name := fmt.Sprintf("n%d", i)
+		addrs := []netip.Addr{
+			netip.AddrFrom4([4]byte{10, 100, byte((i + 2) >> 8), byte(i + 2)}),
+			netip.MustParseAddr(fmt.Sprintf("fd64::%x", i+2)),
+		}
+		for j := 0; j < 2; j++ {
+			v := binary.BigEndian.Uint32(base[:]) + uint32(i*2+j)*64
+			var v4 [4]byte
+			binary.BigEndian.PutUint32(v4[:], v)
+			out = append(out, routing.Remote{Block: netip.PrefixFrom(netip.AddrFrom4(v4), 26), Name: fmt.Sprintf("%s-%d", name, j), Node: name, NodeAddrs: addrs})
+		}
+		out = append(out, routing.Remote{Block: netip.MustParsePrefix(fmt.Sprintf("fd20:%x::/64", i)), Name: name + "-6", Node: name, NodeAddrs: addrs})
+	}
+	return out
+}
+
+// BenchmarkSync1000Nodes: 1,000 remote nodes with 3 blocks each (3,000
+// routes, 3,000 neighbour and 1,000 FDB entries in vxlan mode) in one node
+// namespace: the first Sync (from nothing) and a Sync that finds everything
+// in place.
+func BenchmarkSync1000Nodes(b *testing.B) {
+	rs := benchRemotes(1000)
+	sw := harness.NewNS(b, "rtbsw")
+	n := &node{name: "bench", ns: harness.NewNS(b, "rtbn")}
+	sw.AddVeth(b, harness.Veth{Name: "p1", PeerName: "ul0", Peer: n.ns})
+	addAddr(b, n.ns, "ul0", pfx("10.100.0.1/16"))
+	addAddr(b, n.ns, "ul0", pfx("fd64::1/64"))
+	n.addrs = []netip.Addr{ip("10.100.0.1"), ip("fd64::1")}
+	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
+		k := newKernel(b, n, routing.KernelConfig{Mode: mode, LocalAddrs: n.addrs})
+		check := func(st []routing.Status, err error) {
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, s := range st {
+				if !s.Installed {
+					b.Fatalf("%s: %s", s.Block, s.Reason)
+				}
+			}
+		}
+		b.Run(string(mode)+"/first", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				if err := k.Uninstall(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				check(k.Sync(b.Context(), rs))
+			}
+		})
+		b.Run(string(mode)+"/noop", func(b *testing.B) {
+			check(k.Sync(b.Context(), rs))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				check(k.Sync(b.Context(), rs))
+			}
+		})
+		if err := k.Uninstall(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,45 @@
+package routing_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/skeinnet/skein/internal/routing"
+)
+
+func TestMACFor(t *testing.T) {
+	seen := map[string]string{}
+	for _, s := range []string{"10.0.0.1", "10.0.0.2", "192.168.50.1", "fd50::1", "fd50::2", "::ffff:10.0.0.3"} {
+		a := netip.MustParseAddr(s)
+		m := routing.MACFor(a)
+		if len(m) != 6 || m[0]&0x01 != 0 || m[0]&0x02 == 0 {
+			t.Errorf("MACFor(%s) = %s: want a locally administered unicast MAC", a, m)
+		}
+		if m.String() != routing.MACFor(a).String() {
+			t.Errorf("MACFor(%s) is not stable", a)
+		}
+		if other, dup := seen[m.String()]; dup {
+			t.Errorf("MACFor(%s) = MACFor(%s) = %s", a, other, m)
+		}
+		seen[m.String()] = s
+	}
+	if routing.MACFor(netip.MustParseAddr("::ffff:10.0.0.1")).String() != routing.MACFor(netip.MustParseAddr("10.0.0.1")).String() {
+		t.Error("a mapped IPv4 address gets another MAC than the IPv4 address")
+	}
+}
+
+func TestPodMTU(t *testing.T) {
+	for _, c := range []struct {
+		mtu  int
+		addr string
+		want int
+	}{
+		{1500, "10.0.0.1", 1450},
+		{1500, "fd00::1", 1430},
+		{9000, "10.0.0.1", 8950},
+	} {
+		if got := routing.PodMTU(c.mtu, netip.MustParseAddr(c.addr)); got != c.want {
+			t.Errorf("PodMTU(%d, %s) = %d, want %d", c.mtu, c.addr, got, c.want)
+		}
+	}
+}

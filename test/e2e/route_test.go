@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kubenode"
+	"github.com/skeinnet/skein/test/skeintest"
+)
+
+// routeWait bounds the waits for routes to converge: seconds are expected,
+// this is for a loaded two-core machine.
+const routeWait = 30 * time.Second
+
+// rtprotBird is the route protocol BIRD tags its kernel routes with.
+const rtprotBird = 12
+
+// routeDesc describes a route in one line for messages.
+func routeDesc(r netlink.Route) string {
+	gw := ""
+	switch {
+	case r.Gw != nil:
+		gw = " via " + r.Gw.String()
+	case r.Via != nil:
+		gw = " via " + r.Via.String()
+	}
+	return fmt.Sprintf("%s%s dev#%d proto %d table %d type %d", harness.RouteDst(r), gw, r.LinkIndex, r.Protocol, r.Table, r.Type)
+}
+
+// routesByDst indexes routes by destination (the last one wins).
+func routesByDst(routes []netlink.Route) map[netip.Prefix]netlink.Route {
+	m := map[netip.Prefix]netlink.Route{}
+	for _, r := range routes {
+		m[harness.RouteDst(r)] = r
+	}
+	return m
+}
+
+// gwOf returns a route's next hop (gateway or RTA_VIA), invalid if none.
+func gwOf(r netlink.Route) netip.Addr {
+	var a netip.Addr
+	switch {
+	case r.Gw != nil:
+		a, _ = netip.AddrFromSlice(r.Gw)
+	case r.Via != nil:
+		if v, ok := r.Via.(*netlink.Via); ok {
+			a, _ = netip.AddrFromSlice(v.Addr)
+		}
+	}
+	return a.Unmap()
+}
+
+// pingAll pings, from every pod, every pod of another node on both
+// families, in parallel per source pod, and returns what failed.
+func pingAll(t *testing.T, pods []*kubenode.Pod) []string {
+	t.Helper()
+	var (
+		mu     sync.Mutex
+		failed []string
+		wg     sync.WaitGroup
+	)
+	for _, from := range pods {
+		wg.Go(func() {
+			for _, to := range pods {
+				if to.Node == from.Node {
+					continue
+				}
+				for _, v6 := range []bool{false, true} {
+					a := to.Addr(v6)
+					if err := ping(t, from.NS, a); err != nil {
+						mu.Lock()
+						failed = append(failed, fmt.Sprintf("%s on %s -> %s on %s (%s): %v", from.RT.ContainerID, from.Node.Name, to.RT.ContainerID, to.Node.Name, a, err))
+						mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(failed)
+	return failed
+}
+
+// TestRouteExportBIRD proves export mode with a real routing daemon: three
+// node namespaces on one underlay bridge, each with a real skeind
+// --store kubernetes (the default --routing export) against the real API
+// server and a real BIRD 2 (testdata/bird.conf) that learns the node's
+// blocks from table 119 and exchanges them over eBGP, both families. Pods
+// on different nodes ping each other over the routes BIRD installed; a
+// block freed on one node disappears from the others' kernels while the
+// rest stays.
+func TestRouteExportBIRD(t *testing.T) {
+	harness.RequireRoot(t)
+	skeintest.RequireTool(t, "bird")
+	skeintest.RequireTool(t, "birdc")
+	topo := harness.NewTopology(t, harness.TopologyOptions{Nodes: 3})
+	name := func(i int) string { return fmt.Sprintf("bird-n%d", i+1) }
+	cl := kubenode.StartCluster(t, kubenode.ClusterOptions{Topology: topo, NodeName: name})
+
+	// BIRD on every node, each its own AS, a session per peer and family.
+	self := func(i int) birdNode {
+		n := topo.Nodes[i]
+		return birdNode{Name: strings.ReplaceAll(name(i), "-", "_"), AS: 65001 + i, RouterID: n.Addr4, Addr4: n.Addr4, Addr6: n.Addr6}
+	}
+	for i, n := range topo.Nodes {
+		b := self(i)
+		for j := range topo.Nodes {
+			if j != i {
+				b.Peers = append(b.Peers, self(j))
+			}
+		}
+		startBird(t, n.NS, b)
+	}
+
+	// One pod per node: each node gets a dual-stack block of its own.
+	var pods []*kubenode.Pod
+	for i, n := range cl.Nodes {
+		p := n.MustAddPod(t, "default", fmt.Sprintf("pod-%d", i+1))
+		if !p.Addr(false).IsValid() || !p.Addr(true).IsValid() {
+			t.Fatalf("pod on %s has addresses %v, want one of each family", n.Name, p.Addrs)
+		}
+		pods = append(pods, p)
+	}
+	blocks := map[string][]netip.Prefix{} // node name -> its block prefixes
+	for _, n := range cl.Nodes {
+		for _, b := range cl.Blocks(t, n.Name) {
+			blocks[n.Name] = append(blocks[n.Name], kubenode.Prefixes(&b)...)
+		}
+		if len(blocks[n.Name]) != 2 {
+			t.Fatalf("node %s's blocks %v: want one dual-stack block", n.Name, blocks[n.Name])
+		}
+	}
+
+	// Every node's main table holds every other node's blocks, installed
+	// by BIRD, via that node's underlay address.
+	waitPeerRoutes := func(what string, want func(i, j int) []netip.Prefix, gone []netip.Prefix) {
+		t.Helper()
+		kubenode.Eventually(t, routeWait, what, func() string {
+			var problems []string
+			for i, n := range topo.Nodes {
+				main := routesByDst(n.TableRoutes(t, unix.RT_TABLE_MAIN))
+				for j, peer := range topo.Nodes {
+					if j == i {
+						continue
+					}
+					for _, p := range want(i, j) {
+						r, ok := main[p]
+						switch {
+						case !ok:
+							problems = append(problems, fmt.Sprintf("%s has no route to %s (of %s)", name(i), p, name(j)))
+						case r.Protocol != rtprotBird:
+							problems = append(problems, fmt.Sprintf("%s: %s, want proto bird", name(i), routeDesc(r)))
+						case p.Addr().Is4() && gwOf(r) != peer.Addr4,
+							p.Addr().Is6() && gwOf(r) != peer.Addr6 && !gwOf(r).IsLinkLocalUnicast():
+							problems = append(problems, fmt.Sprintf("%s: %s, want via %s's underlay address", name(i), routeDesc(r), name(j)))
+						}
+					}
+				}
+				for _, p := range gone {
+					if r, ok := main[p]; ok {
+						problems = append(problems, fmt.Sprintf("%s still has %s", name(i), routeDesc(r)))
+					}
+				}
+			}
+			if len(problems) > 0 {
+				return strings.Join(problems, "; ")
+			}
+			return ""
+		})
+	}
+	began := time.Now()
+	waitPeerRoutes("BIRD's routes to the other nodes' blocks", func(_, j int) []netip.Prefix { return blocks[name(j)] }, nil)
+	t.Logf("routes to every other node's blocks on every node after %v", time.Since(began).Round(time.Millisecond))
+
+	if failed := pingAll(t, pods); len(failed) > 0 {
+		t.Fatalf("pod to pod across nodes over BIRD's routes:\n%s", strings.Join(failed, "\n"))
+	}
+
+	// The pod on the third node goes; its block is freed and withdrawn:
+	// gone from the API, from its node's table 119 and from the other
+	// nodes' kernels, while their routes to each other stay.
+	freed := blocks[name(2)]
+	if err := pods[2].Del(t); err != nil {
+		t.Fatal(err)
+	}
+	if bl := cl.Blocks(t, name(2)); len(bl) != 0 {
+		t.Fatalf("%s still owns %s after its last pod was deleted", name(2), bl[0].Name)
+	}
+	kubenode.Eventually(t, routeWait, "the freed block gone from its node's export table", func() string {
+		for _, r := range topo.Nodes[2].TableRoutes(t, skeintest.ExportTable) {
+			if slices.Contains(freed, harness.RouteDst(r)) {
+				return routeDesc(r)
+			}
+		}
+		return ""
+	})
+	began = time.Now()
+	waitPeerRoutes("the freed block withdrawn from the other nodes", func(i, j int) []netip.Prefix {
+		if j == 2 {
+			return nil
+		}
+		return blocks[name(j)]
+	}, freed)
+	t.Logf("the freed block left the other nodes' kernels %v after its node's export table", time.Since(began).Round(time.Millisecond))
+	if failed := pingAll(t, pods[:2]); len(failed) > 0 {
+		t.Errorf("pod to pod across the remaining nodes after a block was freed:\n%s", strings.Join(failed, "\n"))
+	}
+}
