@@ -10,10 +10,12 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kubenode"
 )
 
 var (
@@ -89,47 +91,37 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 		LoadBefore: loadavg(), RealNodes: realNodes, SimNodes: sims, BlocksPerNode: *flagPerNode, Workers: *flagWorkers}
 	ctx := context.Background()
 
-	u := newUnderlay(b)
-	cl := startCluster(b)
-	var (
-		nodes   []*node
-		watches []*routeWatch
-	)
-	for i := range realNodes {
-		n := u.addNode(b, fmt.Sprintf("n%d", i+1))
-		if err := cl.createNode(ctx, n.name, n.addr); err != nil {
-			b.Fatal(err)
-		}
-		nodes = append(nodes, n)
+	// Three real nodes in direct mode to begin with; each kernel watched
+	// from before any remote block exists.
+	topo := harness.NewTopology(b, harness.TopologyOptions{Nodes: realNodes, Prefix: "rb-node"})
+	for _, n := range topo.Nodes {
+		addSimUnderlay(b, n)
+	}
+	cl := kubenode.StartCluster(b, kubenode.ClusterOptions{Topology: topo,
+		Args: func(n *harness.TopoNode) []string { return modeArgs(n, routing.ModeDirect) }})
+	var watches []*routeWatch
+	for _, n := range topo.Nodes {
 		watches = append(watches, watchRoutes(b, n))
 	}
-	// The probe node owns the blocks that are timed.
-	if err := cl.createNode(ctx, "probe", nodeAddr(90)); err != nil {
+	if err := createAll(ctx, cl.Client, []client.Object{nodeObject(probeNode, probeAddr)}, 1); err != nil {
 		b.Fatal(err)
 	}
-	if err := cl.createSimPool(ctx); err != nil {
+	if err := createSimPool(ctx, cl.Client); err != nil {
 		b.Fatal(err)
 	}
-	if err := cl.createSims(ctx, 0, smallSims, *flagPerNode, *flagWorkers); err != nil {
+	if err := createSims(ctx, cl.Kube, 0, smallSims, *flagPerNode, *flagWorkers); err != nil {
 		b.Fatal(err)
 	}
 	nextProbe := sims * *flagPerNode // block indexes after the simulated ones
 
-	var ds []*skeind
-	start := func(mode routing.Mode) {
-		ds = ds[:0]
-		for _, n := range nodes {
-			ds = append(ds, cl.startSkeind(b, n, mode))
-		}
-	}
 	// switchMode stops every skeind, clears what it installed (as on a
 	// rebooted node) and starts them in mode; it returns how long until
 	// every node held want routes.
 	switchMode := func(mode routing.Mode, want int) time.Duration {
-		for _, d := range ds {
-			d.Stop(b)
+		for _, n := range cl.Nodes {
+			n.D.Stop(b)
 		}
-		for _, n := range nodes {
+		for _, n := range topo.Nodes {
 			if err := clearRouting(n); err != nil {
 				b.Fatal(err)
 			}
@@ -138,7 +130,9 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 			b.Fatal(err)
 		}
 		began := time.Now()
-		start(mode)
+		for i := range cl.Nodes {
+			restartNode(b, cl, i, mode)
+		}
 		if err := waitCount(watches, want, 10*time.Minute); err != nil {
 			b.Fatalf("%s: %v", mode, err)
 		}
@@ -150,10 +144,10 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 		for range *flagProbes {
 			idx := nextProbe
 			nextProbe++
-			blk := simBlock(idx, "probe")
+			blk := simBlock(idx, probeNode)
 			prefix := simBlockPrefix(idx)
 			t0 := time.Now()
-			if err := cl.c.Create(ctx, blk); err != nil {
+			if err := cl.Client.Create(ctx, blk); err != nil {
 				b.Fatal(err)
 			}
 			at, err := waitAll(watches, prefix, true, time.Minute)
@@ -162,7 +156,7 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 			}
 			adds = append(adds, at.Sub(t0))
 			t1 := time.Now()
-			if err := cl.c.Delete(ctx, blk); err != nil {
+			if err := cl.Client.Delete(ctx, blk); err != nil {
 				b.Fatal(err)
 			}
 			if at, err = waitAll(watches, prefix, false, time.Minute); err != nil {
@@ -173,8 +167,8 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 		p.AddP50ms, p.AddP99ms, p.AddMaxms = pctl(adds, 50)/1e3, pctl(adds, 99)/1e3, pctl(adds, 100)/1e3
 		p.DelP50ms, p.DelP99ms, p.DelMaxms = pctl(dels, 50)/1e3, pctl(dels, 99)/1e3, pctl(dels, 100)/1e3
 		time.Sleep(2 * time.Second) // settle before the memory is read
-		for _, d := range ds {
-			rss, heap, err := d.memory()
+		for _, n := range cl.Nodes {
+			rss, heap, err := memory(n)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -186,7 +180,6 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 	}
 
 	small := smallSims * *flagPerNode
-	start(routing.ModeDirect)
 	if err := waitCount(watches, small, time.Minute); err != nil {
 		b.Fatal(err)
 	}
@@ -196,7 +189,7 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 
 	// The large case, created while vxlan mode runs.
 	began := time.Now()
-	if err := cl.createSims(ctx, smallSims, sims, *flagPerNode, *flagWorkers); err != nil {
+	if err := createSims(ctx, cl.Kube, smallSims, sims, *flagPerNode, *flagWorkers); err != nil {
 		b.Fatal(err)
 	}
 	res.BulkObjects = (sims - smallSims) * (1 + *flagPerNode)
@@ -223,27 +216,27 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 
 // clearRouting removes from n what a routing mode installs (remote-block
 // routes and the VXLAN device), as a rebooted node would start.
-func clearRouting(n *node) error {
-	h, closeH, err := netns.Handle(n.ns.Path())
+func clearRouting(n *harness.TopoNode) error {
+	h, closeH, err := netns.Handle(n.Path())
 	if err != nil {
 		return err
 	}
 	defer closeH()
 	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: routing.DefaultTable}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return fmt.Errorf("routes of %s: %w", n.name, err)
+		return fmt.Errorf("routes of %s: %w", n.Name(), err)
 	}
 	for _, r := range routes {
 		if r.Protocol != routing.DefaultProtocol {
 			continue
 		}
 		if err := h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("delete route %s on %s: %w", r.Dst, n.name, err)
+			return fmt.Errorf("delete route %s on %s: %w", r.Dst, n.Name(), err)
 		}
 	}
 	if l, err := h.LinkByName(routing.DefaultVXLANDevice); err == nil {
 		if err := h.LinkDel(l); err != nil {
-			return fmt.Errorf("delete %s on %s: %w", routing.DefaultVXLANDevice, n.name, err)
+			return fmt.Errorf("delete %s on %s: %w", routing.DefaultVXLANDevice, n.Name(), err)
 		}
 	}
 	return nil

@@ -1,21 +1,14 @@
 package routebench
 
 import (
-	"context"
 	"flag"
-	"fmt"
 	"net/netip"
 	"testing"
 	"time"
 
-	types100 "github.com/containernetworking/cni/pkg/types/100"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-
-	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
-	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/kubenode"
 )
 
 var (
@@ -69,36 +62,35 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 	res := &DatapathResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Command: command(),
 		LoadBefore: loadavg(), Reps: *flagReps, Seconds: *flagSeconds, RRSeconds: *flagRRSeconds, RRMessageBytes: rrMsg}
 
-	// Baselines: two bare node namespaces on the underlay, and a VXLAN
-	// pair made by hand between them.
-	u := newUnderlay(b)
-	r1, r2 := u.addNode(b, "raw1"), u.addNode(b, "raw2")
+	// Baselines: two bare node namespaces on an underlay of their own
+	// (the same shape as the skein nodes'), and a VXLAN pair made by hand
+	// between them.
+	raw := harness.NewTopology(b, harness.TopologyOptions{Nodes: 2, Prefix: "rb-raw"})
+	r1, r2 := raw.Nodes[0], raw.Nodes[1]
 	_, hand2 := handVXLAN(b, r1, r2)
-	iperfServer(b, r2.ns)
-	rrServer(b, r2.ns)
+	iperfServer(b, r2.NS)
+	rrServer(b, r2.NS)
 	rows := []*Row{
-		{Name: "underlay", Path: "node ns → node ns over the veth underlay (bridge in between)", MTU: underlayMTU,
-			client: r1.ns, server: r2.ns, addr: r2.addr},
+		{Name: "underlay", Path: "node ns → node ns over the veth underlay (bridge in between)", MTU: linkMTU(b, r1.NS, harness.UnderlayDev),
+			client: r1.NS, server: r2.NS, addr: r2.Addr4},
 		{Name: "vxlan-by-hand", Path: "node ns → node ns over a kernel VXLAN pair made by hand (VNI 4200, port 4789)",
-			MTU: underlayMTU - routing.OverheadVXLAN4, client: r1.ns, server: r2.ns, addr: hand2},
+			MTU: linkMTU(b, r1.NS, handDevice), client: r1.NS, server: r2.NS, addr: hand2},
 	}
 
-	// skein: two nodes per mode, each with a real skeind --store
-	// kubernetes, one pod on each through the CNI plugin.
+	// skein: four nodes (two direct, two vxlan), each a real skeind
+	// --store kubernetes; one pod on each through the CNI plugin.
 	if !routingSupported(b) {
 		res.Missing = append(res.Missing, "direct, vxlan: this skeind has no --routing flag")
 	} else {
-		cl := startCluster(b)
-		cl.startController(b)
-		ctx := context.Background()
-		if err := cl.c.Create(ctx, &skeinv1.AddressPool{
-			ObjectMeta: metav1.ObjectMeta{Name: "default"},
-			Spec: skeinv1.AddressPoolSpec{BlockSizeBits: 5,
-				Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To("10.200.0.0/16")}}},
-		}); err != nil {
-			b.Fatal(err)
+		modes := []routing.Mode{routing.ModeDirect, routing.ModeDirect, routing.ModeVXLAN, routing.ModeVXLAN}
+		topo := harness.NewTopology(b, harness.TopologyOptions{Nodes: len(modes), Prefix: "rb-node"})
+		cl := kubenode.StartCluster(b, kubenode.ClusterOptions{Topology: topo,
+			Args: func(n *harness.TopoNode) []string { return modeArgs(n, modes[n.Index]) }})
+		pods := make([]*kubenode.Pod, len(modes))
+		for i, n := range cl.Nodes {
+			pods[i] = n.MustAddPod(b, "default", "bench-"+n.Name)
 		}
-		for _, m := range []struct {
+		for i, m := range []struct {
 			mode     routing.Mode
 			baseline string
 			path     string
@@ -106,22 +98,14 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 			{routing.ModeDirect, "underlay", "pod → node → underlay → node → pod, skeind --routing direct"},
 			{routing.ModeVXLAN, "vxlan-by-hand", "pod → node → skein.vxlan → underlay → node → pod, skeind --routing vxlan"},
 		} {
-			var pods [2]*pod
-			for i := range pods {
-				n := u.addNode(b, fmt.Sprintf("%s%d", m.mode, i+1))
-				if err := cl.createNode(ctx, n.name, n.addr); err != nil {
-					b.Fatal(err)
-				}
-				d := cl.startSkeind(b, n, m.mode)
-				pods[i] = attachPod(b, d, "bench-"+n.name)
-			}
-			iperfServer(b, pods[1].ns)
-			rrServer(b, pods[1].ns)
-			if err := waitPing(b, pods[0].ns, pods[1].addr, time.Minute); err != nil {
+			from, to := pods[2*i], pods[2*i+1]
+			iperfServer(b, to.NS)
+			rrServer(b, to.NS)
+			if err := waitPing(b, from.NS, to.Addr(false), time.Minute); err != nil {
 				b.Fatalf("%s: pod to pod: %v", m.mode, err)
 			}
-			rows = append(rows, &Row{Name: string(m.mode), Path: m.path, Baseline: m.baseline, MTU: pods[0].mtu,
-				client: pods[0].ns, server: pods[1].ns, addr: pods[1].addr})
+			rows = append(rows, &Row{Name: string(m.mode), Path: m.path, Baseline: m.baseline, MTU: linkMTU(b, from.NS, "eth0"),
+				client: from.NS, server: to.NS, addr: to.Addr(false)})
 		}
 	}
 
@@ -170,46 +154,14 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 	}
 }
 
-// pod is one pod attached through the CNI plugin.
-type pod struct {
-	ns   *harness.NS
-	addr netip.Addr
-	mtu  int
-}
-
-// attachPod ADDs a new pod namespace on d's node through libcni, as the
-// kubelet would (namespace "default").
-func attachPod(t testing.TB, d *skeind, id string) *pod {
+// linkMTU is the MTU of dev in ns.
+func linkMTU(t testing.TB, ns *harness.NS, dev string) int {
 	t.Helper()
-	ns := harness.NewNS(t, "rb-pod")
-	list := skeintest.ConfList(t, "kube", "1.1.0", d.SkeinPlugin(nil))
-	rt := skeintest.RT(id, ns.Path(), "eth0")
-	rt.Args = [][2]string{{"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", id}}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r, err := d.CNI().AddNetworkList(ctx, list, rt)
+	l, err := ns.Handle(t).LinkByName(dev)
 	if err != nil {
-		t.Fatalf("ADD %s on %s: %v", id, d.node.name, err)
+		t.Fatalf("%s in %s: %v", dev, ns.Name(), err)
 	}
-	res, err := types100.NewResultFromResult(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pod{ns: ns}
-	for _, ip := range res.IPs {
-		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok && a.Unmap().Is4() {
-			p.addr = a.Unmap()
-		}
-	}
-	if !p.addr.IsValid() {
-		t.Fatalf("ADD %s on %s: no IPv4 address in %v", id, d.node.name, res.IPs)
-	}
-	eth0, err := ns.Handle(t).LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.mtu = eth0.Attrs().MTU
-	return p
+	return l.Attrs().MTU
 }
 
 // waitPing pings addr from ns until it answers.

@@ -14,23 +14,21 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kube"
 )
 
-// TestSimAddresses: simulated nodes and blocks never overlap the real
-// nodes, each other, or leave their subnets.
+// TestSimAddresses: simulated nodes and blocks never overlap each other
+// or the probe node, or leave their subnets.
 func TestSimAddresses(t *testing.T) {
-	seen := map[netip.Addr]int{}
-	for i := 1; i <= realNodes; i++ {
-		seen[nodeAddr(i)] = -i
-	}
-	seen[nodeAddr(90)] = -90 // the probe node
+	seen := map[netip.Addr]int{probeAddr: -1}
 	for i := range 5000 {
 		a := simNodeAddr(i)
 		if prev, dup := seen[a]; dup {
 			t.Fatalf("simulated node %d has address %s, as %d", i, a, prev)
 		}
-		if !underlaySubnet.Contains(a) || a == underlayGateway {
-			t.Fatalf("simulated node %d has address %s, outside %s or the gateway's", i, a, underlaySubnet)
+		if b := a.As4(); !simUnderlay.Contains(a) || b[3] == 0 || b[3] == 255 {
+			t.Fatalf("simulated node %d has address %s, outside %s or a .0 or .255", i, a, simUnderlay)
 		}
 		seen[a] = i
 	}
@@ -51,17 +49,21 @@ func TestSimAddresses(t *testing.T) {
 // checks what a routing watcher would read: each Node's InternalIP and
 // each block's node label and prefix.
 func TestCreateSims(t *testing.T) {
-	cl := startCluster(t)
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
-	if err := cl.createSimPool(ctx); err != nil {
+	if err := createSimPool(ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	const n, per = 40, 3
-	if err := cl.createSims(ctx, 0, n, per, 8); err != nil {
+	if err := createSims(ctx, env, 0, n, per, 8); err != nil {
 		t.Fatal(err)
 	}
 	var nodes corev1.NodeList
-	if err := cl.c.List(ctx, &nodes); err != nil {
+	if err := c.List(ctx, &nodes); err != nil {
 		t.Fatal(err)
 	}
 	if len(nodes.Items) != n {
@@ -80,7 +82,7 @@ func TestCreateSims(t *testing.T) {
 		}
 	}
 	var blocks skeinv1.AddressBlockList
-	if err := cl.c.List(ctx, &blocks, client.MatchingLabels{skeinv1.LabelPool: simPool}); err != nil {
+	if err := c.List(ctx, &blocks, client.MatchingLabels{skeinv1.LabelPool: simPool}); err != nil {
 		t.Fatal(err)
 	}
 	if len(blocks.Items) != n*per {
@@ -93,7 +95,7 @@ func TestCreateSims(t *testing.T) {
 		}
 	}
 	// Creating them again fails clearly (the names are taken).
-	if err := cl.createSims(ctx, 0, 1, per, 2); err == nil {
+	if err := createSims(ctx, env, 0, 1, per, 2); err == nil {
 		t.Error("creating simulated node 0 twice succeeded")
 	}
 }
@@ -101,18 +103,26 @@ func TestCreateSims(t *testing.T) {
 // TestRouteWatch: the watcher sees a remote-block route (our table and
 // protocol) appear and go, and ignores other tables' routes.
 func TestRouteWatch(t *testing.T) {
-	u := newUnderlay(t)
-	n := u.addNode(t, "w1")
-	w := watchRoutes(t, n)
-	h := n.ns.Handle(t)
-	eth0, err := h.LinkByName("eth0")
+	topo := harness.NewTopology(t, harness.TopologyOptions{Nodes: 2, Prefix: "rb-node"})
+	n := topo.Nodes[0]
+	h := n.Handle(t)
+	eth0, err := h.LinkByName(harness.UnderlayDev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p, other := netip.MustParsePrefix("10.128.0.16/28"), netip.MustParsePrefix("10.128.0.32/28")
 	route := func(p netip.Prefix, table int) *netlink.Route {
 		return &netlink.Route{Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)},
-			Gw: nodeAddr(2).AsSlice(), LinkIndex: eth0.Attrs().Index, Table: table, Protocol: routing.DefaultProtocol}
+			Gw: topo.Nodes[1].Addr4.AsSlice(), LinkIndex: eth0.Attrs().Index, Table: table, Protocol: routing.DefaultProtocol}
+	}
+	// A route there before the watch begins is listed.
+	early := netip.MustParsePrefix("10.128.0.48/28")
+	if err := h.RouteAdd(route(early, routing.DefaultTable)); err != nil {
+		t.Fatal(err)
+	}
+	w := watchRoutes(t, n)
+	if _, err := waitAll([]*routeWatch{w}, early, true, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 	before := time.Now()
 	if err := h.RouteAdd(route(other, 200)); err != nil {
@@ -128,7 +138,7 @@ func TestRouteWatch(t *testing.T) {
 	if at.Before(before) || time.Since(at) > 5*time.Second {
 		t.Errorf("route seen at %v, added after %v", at, before)
 	}
-	if err := waitCount([]*routeWatch{w}, 1, time.Second); err != nil {
+	if err := waitCount([]*routeWatch{w}, 2, time.Second); err != nil {
 		t.Errorf("a route of table 200 counted: %v", err)
 	}
 	if err := h.RouteDel(route(p, routing.DefaultTable)); err != nil {
@@ -137,7 +147,7 @@ func TestRouteWatch(t *testing.T) {
 	if _, err := waitAll([]*routeWatch{w}, p, false, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitCount([]*routeWatch{w}, 0, time.Second); err != nil {
+	if err := waitCount([]*routeWatch{w}, 1, time.Second); err != nil {
 		t.Error(err)
 	}
 }

@@ -57,13 +57,14 @@ func datapathReport(b *strings.Builder, r *DatapathResults) {
 	fmt.Fprintf(b, "## Data path: pod to pod across nodes\n\n")
 	fmt.Fprintf(b, "- Date: %s\n- Machine: %s\n- Load average (1, 5, 15 min) before / after: %s / %s\n- Command: `%s`\n\n",
 		r.Date, r.Machine, r.LoadBefore, r.LoadAfter, r.Command)
-	fmt.Fprintf(b, "Node namespaces joined by veths to a bridge in its own namespace (MTU %d); pods attached by the real "+
+	fmt.Fprintf(b, "Node namespaces joined by veths to a bridge in its own namespace (harness.NewTopology; the baselines' "+
+		"two nodes on one such underlay, the four skein nodes on another); pods attached by the real "+
 		"skeind binaries (--store kubernetes against a real kube-apiserver, skein-controller granting blocks) through the "+
 		"skein CNI plugin. Throughput: iperf3, one TCP stream, %d s a run (the first second omitted), %d runs a row, "+
 		"the median. Request/response: a %d-byte TCP ping-pong over blocking sockets made inside the namespaces "+
 		"(TCP_NODELAY), %.0f s a run after 500 round trips of warm-up, %d runs a row, every round trip pooled. "+
 		"The rows are interleaved within each repetition.\n\n",
-		underlayMTU, r.Seconds, r.Reps, r.RRMessageBytes, r.RRSeconds, r.Reps)
+		r.Seconds, r.Reps, r.RRMessageBytes, r.RRSeconds, r.Reps)
 	fmt.Fprintf(b, "| row | path | MTU | throughput, median (runs) | vs baseline | round trip p50 / p99 | p50 vs baseline |\n|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows {
 		runs := make([]string, len(row.Gbps))

@@ -14,9 +14,9 @@ import (
 	"github.com/skeinnet/skein/test/kube"
 )
 
-// Simulated nodes: Node objects whose InternalIPs lie in the underlay
-// subnet (addresses no namespace holds: direct mode still finds them on
-// the connected /16, vxlan mode makes an FDB entry for each), and
+// Simulated nodes: Node objects whose InternalIPs lie in simUnderlay
+// (addresses no namespace holds: direct mode finds them on-link, vxlan
+// mode makes an FDB entry for each), and
 // AddressBlocks of the pool simPool labelled with them, all made through
 // the API as the controller would make them. No skeind runs for them.
 const (
@@ -26,10 +26,15 @@ const (
 
 var simSubnet = netip.MustParsePrefix("10.128.0.0/12")
 
-// simNodeName and simNodeAddr name the i-th simulated node (0-based); its
-// address comes after the real nodes'.
+// probeNode owns the blocks the convergence benchmark times; a simulated
+// node too (a Node object, no skeind).
+const probeNode = "probe"
+
+var probeAddr = simAddr(0)
+
+// simNodeName and simNodeAddr name the i-th simulated node (0-based).
 func simNodeName(i int) string      { return fmt.Sprintf("sim-%04d", i) }
-func simNodeAddr(i int) netip.Addr  { return nodeAddr(100 + i) }
+func simNodeAddr(i int) netip.Addr  { return simAddr(10 + i) }
 func simBlockName(index int) string { return skeinv1.BlockName(simPool, uint32(index)) }
 func simBlockPrefix(index int) netip.Prefix {
 	a := simSubnet.Addr().As4()
@@ -49,8 +54,8 @@ func simBlock(index int, node string) *skeinv1.AddressBlock {
 }
 
 // createSimPool makes the AddressPool the simulated blocks belong to.
-func (cl *cluster) createSimPool(ctx context.Context) error {
-	return cl.c.Create(ctx, &skeinv1.AddressPool{
+func createSimPool(ctx context.Context, c client.Client) error {
+	return c.Create(ctx, &skeinv1.AddressPool{
 		ObjectMeta: metav1.ObjectMeta{Name: simPool},
 		Spec: skeinv1.AddressPoolSpec{BlockSizeBits: simBits,
 			Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To(simSubnet.String())}}},
@@ -61,8 +66,8 @@ func (cl *cluster) createSimPool(ctx context.Context) error {
 // (node i holds indexes i*perNode...), through a client without a tight
 // client-side rate limit, workers requests at a time: the Nodes first (a
 // block whose node is unknown is reported, not routed), then the blocks.
-func (cl *cluster) createSims(ctx context.Context, from, to, perNode, workers int) error {
-	cfg := *cl.env.Config
+func createSims(ctx context.Context, env *kube.Env, from, to, perNode, workers int) error {
+	cfg := *env.Config
 	cfg.QPS, cfg.Burst = 5000, 10000
 	c, err := kube.NewClient(&cfg)
 	if err != nil {

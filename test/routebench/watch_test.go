@@ -11,13 +11,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/test/harness"
 )
 
 // routeWatch follows the remote-block routes (routing.DefaultTable,
 // routing.DefaultProtocol) of one node namespace through the kernel's
 // route notifications, recording when each prefix appeared and went.
 type routeWatch struct {
-	node *node
+	node *harness.TopoNode
 
 	mu      sync.Mutex
 	added   map[netip.Prefix]time.Time // present now, since when
@@ -26,27 +27,28 @@ type routeWatch struct {
 }
 
 // watchRoutes subscribes inside n's namespace (the socket belongs to the
-// namespace it is made in) before anything installs routes there.
-func watchRoutes(t testing.TB, n *node) *routeWatch {
+// namespace it is made in); the routes already there are listed first.
+func watchRoutes(t testing.TB, n *harness.TopoNode) *routeWatch {
 	t.Helper()
 	w := &routeWatch{node: n, added: map[netip.Prefix]time.Time{}, removed: map[netip.Prefix]time.Time{}}
 	ch := make(chan netlink.RouteUpdate, 1<<16)
 	done := make(chan struct{})
-	err := n.ns.Do(func() error {
+	err := n.Do(func() error {
 		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
 			ReceiveBufferSize:      32 << 20,
 			ReceiveBufferForceSize: true,
+			ListExisting:           true,
 			ErrorCallback: func(err error) {
 				w.mu.Lock()
 				if w.err == nil {
-					w.err = fmt.Errorf("route notifications in %s: %w", n.name, err)
+					w.err = fmt.Errorf("route notifications in %s: %w", n.Name(), err)
 				}
 				w.mu.Unlock()
 			},
 		})
 	})
 	if err != nil {
-		t.Fatalf("subscribe to routes in %s: %v", n.name, err)
+		t.Fatalf("subscribe to routes in %s: %v", n.Name(), err)
 	}
 	t.Cleanup(func() { close(done) })
 	go func() {
@@ -117,7 +119,7 @@ func waitAll(ws []*routeWatch, p netip.Prefix, present bool, limit time.Duration
 				return time.Time{}, err
 			}
 			if is != present {
-				pending = w.node.name
+				pending = w.node.Name()
 				break
 			}
 			if since.After(last) {
@@ -146,7 +148,7 @@ func waitCount(ws []*routeWatch, n int, limit time.Duration) error {
 				return err
 			}
 			if c != n {
-				bad = fmt.Sprintf("%s holds %d routes", w.node.name, c)
+				bad = fmt.Sprintf("%s holds %d routes", w.node.Name(), c)
 				break
 			}
 		}
