@@ -22,8 +22,10 @@ type Row struct {
 	Name string
 	// Path says what traffic crosses.
 	Path string
-	// Baseline is the row this one is compared with ("" for a baseline).
+	// Baseline is the row this one is compared with ("" for a baseline);
+	// Floor, the same path plumbed by hand (skein's rows only).
 	Baseline string `json:",omitempty"`
+	Floor    string `json:",omitempty"`
 	MTU      int
 	// Gbps holds each run's throughput; the median is the figure.
 	Gbps       []float64
@@ -36,6 +38,8 @@ type Row struct {
 	// Against the baseline row: throughput ratio (goal ≥ 0.95) and
 	// median round trip ratio.
 	ThroughputRatio, RTTRatio float64 `json:",omitempty"`
+	// Against the floor row.
+	FloorThroughputRatio, FloorRTTRatio float64 `json:",omitempty"`
 
 	client, server *harness.NS
 	addr           netip.Addr
@@ -67,14 +71,29 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 	// between them.
 	raw := harness.NewTopology(b, harness.TopologyOptions{Nodes: 2, Prefix: "rb-raw"})
 	r1, r2 := raw.Nodes[0], raw.Nodes[1]
-	_, hand2 := handVXLAN(b, r1, r2)
+	hand1, hand2 := handVXLAN(b, r1, r2)
 	iperfServer(b, r2.NS)
 	rrServer(b, r2.NS)
+	hp1, hp2, hp2Addr := handPodPair(b, r1, r2, 250, harness.UnderlayDev, r1.Addr4, r2.Addr4)
+	hv1, hv2, hv2Addr := handPodPair(b, r1, r2, 251, handDevice, hand1, hand2)
+	for _, ns := range []*harness.NS{hp2, hv2} {
+		iperfServer(b, ns)
+		rrServer(b, ns)
+	}
 	rows := []*Row{
 		{Name: "underlay", Path: "node ns → node ns over the veth underlay (bridge in between)", MTU: linkMTU(b, r1.NS, harness.UnderlayDev),
 			client: r1.NS, server: r2.NS, addr: r2.Addr4},
 		{Name: "vxlan-by-hand", Path: "node ns → node ns over a kernel VXLAN pair made by hand (VNI 4200, port 4789)",
 			MTU: linkMTU(b, r1.NS, handDevice), client: r1.NS, server: r2.NS, addr: hand2},
+		{Name: "pods-by-hand", Path: "pod → node → underlay → node → pod, routed veths and static routes made by hand",
+			Baseline: "underlay", MTU: linkMTU(b, hp1, "eth0"), client: hp1, server: hp2, addr: hp2Addr},
+		{Name: "pods-by-hand-vxlan", Path: "pod → node → hand-made VXLAN → underlay → node → pod, made by hand",
+			Baseline: "vxlan-by-hand", MTU: linkMTU(b, hv1, "eth0"), client: hv1, server: hv2, addr: hv2Addr},
+	}
+	for _, r := range rows[2:] {
+		if err := waitPing(b, r.client, r.addr, 30*time.Second); err != nil {
+			b.Fatalf("%s: %v", r.Name, err)
+		}
 	}
 
 	// skein: four nodes (two direct, two vxlan), each a real skeind
@@ -91,12 +110,12 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 			pods[i] = n.MustAddPod(b, "default", "bench-"+n.Name)
 		}
 		for i, m := range []struct {
-			mode     routing.Mode
-			baseline string
-			path     string
+			mode            routing.Mode
+			baseline, floor string
+			path            string
 		}{
-			{routing.ModeDirect, "underlay", "pod → node → underlay → node → pod, skeind --routing direct"},
-			{routing.ModeVXLAN, "vxlan-by-hand", "pod → node → skein.vxlan → underlay → node → pod, skeind --routing vxlan"},
+			{routing.ModeDirect, "underlay", "pods-by-hand", "pod → node → underlay → node → pod, skeind --routing direct"},
+			{routing.ModeVXLAN, "vxlan-by-hand", "pods-by-hand-vxlan", "pod → node → skein.vxlan → underlay → node → pod, skeind --routing vxlan"},
 		} {
 			from, to := pods[2*i], pods[2*i+1]
 			iperfServer(b, to.NS)
@@ -104,7 +123,7 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 			if err := waitPing(b, from.NS, to.Addr(false), time.Minute); err != nil {
 				b.Fatalf("%s: pod to pod: %v", m.mode, err)
 			}
-			rows = append(rows, &Row{Name: string(m.mode), Path: m.path, Baseline: m.baseline, MTU: linkMTU(b, from.NS, "eth0"),
+			rows = append(rows, &Row{Name: string(m.mode), Path: m.path, Baseline: m.baseline, Floor: m.floor, MTU: linkMTU(b, from.NS, "eth0"),
 				client: from.NS, server: to.NS, addr: to.Addr(false)})
 		}
 	}
@@ -143,6 +162,10 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 		if base := byName[r.Baseline]; base != nil {
 			r.ThroughputRatio = r.GbpsMedian / base.GbpsMedian
 			r.RTTRatio = r.RTTp50us / base.RTTp50us
+		}
+		if floor := byName[r.Floor]; floor != nil {
+			r.FloorThroughputRatio = r.GbpsMedian / floor.GbpsMedian
+			r.FloorRTTRatio = r.RTTp50us / floor.RTTp50us
 		}
 		b.ReportMetric(r.GbpsMedian, r.Name+"-Gbit/s")
 		b.ReportMetric(r.RTTp50us, r.Name+"-rtt-p50-µs")

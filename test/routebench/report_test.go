@@ -81,9 +81,10 @@ func datapathReport(b *strings.Builder, r *DatapathResults) {
 	}
 	fmt.Fprintf(b, "\n")
 	for _, row := range r.Rows {
-		if row.Baseline != "" {
-			fmt.Fprintf(b, "- Goal: %s throughput ≥ 95%% of %s: %s (%.1f%%).\n", row.Name, row.Baseline,
-				goal(row.ThroughputRatio >= 0.95), 100*row.ThroughputRatio)
+		if row.Floor != "" {
+			fmt.Fprintf(b, "- Goal: %s throughput ≥ 95%% of %s: %s (%.1f%%). Against %s (the same path plumbed by hand): "+
+				"%.1f%% of its throughput, %.2f× its median round trip.\n", row.Name, row.Baseline,
+				goal(row.ThroughputRatio >= 0.95), 100*row.ThroughputRatio, row.Floor, 100*row.FloorThroughputRatio, row.FloorRTTRatio)
 		}
 	}
 	for _, m := range r.Missing {
