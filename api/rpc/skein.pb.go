@@ -847,6 +847,170 @@ func (x *AttachmentList) GetAttachments() []*Attachment {
 	return nil
 }
 
+// Route is one remote block (one address family's slice of another node's
+// AddressBlock) and what this node did about it.
+type Route struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Block         string                 `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`                                      // CIDR
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`                                        // the AddressBlock
+	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`                                        // the node that owns it
+	NodeAddresses []string               `protobuf:"bytes,4,rep,name=node_addresses,json=nodeAddresses,proto3" json:"node_addresses,omitempty"` // the node's underlay addresses
+	Mode          string                 `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`                                        // export, direct or vxlan
+	Via           string                 `protobuf:"bytes,6,opt,name=via,proto3" json:"via,omitempty"`                                          // next hop or VXLAN peer; empty when not installed
+	Installed     bool                   `protobuf:"varint,7,opt,name=installed,proto3" json:"installed,omitempty"`                             // the kernel routes the block as wanted
+	Reason        string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`                                    // why not, when not installed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_skein_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Route) GetBlock() string {
+	if x != nil {
+		return x.Block
+	}
+	return ""
+}
+
+func (x *Route) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Route) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Route) GetNodeAddresses() []string {
+	if x != nil {
+		return x.NodeAddresses
+	}
+	return nil
+}
+
+func (x *Route) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Route) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *Route) GetInstalled() bool {
+	if x != nil {
+		return x.Installed
+	}
+	return false
+}
+
+func (x *Route) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RouteList struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// synced: a sync has completed since skeind started (false: the list
+	// may be incomplete).
+	Synced        bool     `protobuf:"varint,2,opt,name=synced,proto3" json:"synced,omitempty"`
+	Routes        []*Route `protobuf:"bytes,3,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteList) Reset() {
+	*x = RouteList{}
+	mi := &file_skein_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteList) ProtoMessage() {}
+
+func (x *RouteList) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteList.ProtoReflect.Descriptor instead.
+func (*RouteList) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RouteList) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *RouteList) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
+}
+
+func (x *RouteList) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
 type DaemonStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -861,7 +1025,7 @@ type DaemonStatus struct {
 
 func (x *DaemonStatus) Reset() {
 	*x = DaemonStatus{}
-	mi := &file_skein_proto_msgTypes[13]
+	mi := &file_skein_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +1037,7 @@ func (x *DaemonStatus) String() string {
 func (*DaemonStatus) ProtoMessage() {}
 
 func (x *DaemonStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_skein_proto_msgTypes[13]
+	mi := &file_skein_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +1050,7 @@ func (x *DaemonStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DaemonStatus.ProtoReflect.Descriptor instead.
 func (*DaemonStatus) Descriptor() ([]byte, []int) {
-	return file_skein_proto_rawDescGZIP(), []int{13}
+	return file_skein_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DaemonStatus) GetVersion() string {
@@ -998,7 +1162,20 @@ const file_skein_proto_rawDesc = "" +
 	"\rcontainer_mac\x18\n" +
 	" \x01(\tR\fcontainerMac\"H\n" +
 	"\x0eAttachmentList\x126\n" +
-	"\vattachments\x18\x01 \x03(\v2\x14.skein.v1.AttachmentR\vattachments\"\xb2\x01\n" +
+	"\vattachments\x18\x01 \x03(\v2\x14.skein.v1.AttachmentR\vattachments\"\xc8\x01\n" +
+	"\x05Route\x12\x14\n" +
+	"\x05block\x18\x01 \x01(\tR\x05block\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12%\n" +
+	"\x0enode_addresses\x18\x04 \x03(\tR\rnodeAddresses\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\tR\x04mode\x12\x10\n" +
+	"\x03via\x18\x06 \x01(\tR\x03via\x12\x1c\n" +
+	"\tinstalled\x18\a \x01(\bR\tinstalled\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"`\n" +
+	"\tRouteList\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x16\n" +
+	"\x06synced\x18\x02 \x01(\bR\x06synced\x12'\n" +
+	"\x06routes\x18\x03 \x03(\v2\x0f.skein.v1.RouteR\x06routes\"\xb2\x01\n" +
 	"\fDaemonStatus\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
@@ -1011,7 +1188,7 @@ const file_skein_proto_rawDesc = "" +
 	"\x03Del\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply\x121\n" +
 	"\x05Check\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply\x122\n" +
 	"\x06Status\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply\x12.\n" +
-	"\x02GC\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply2\xfd\x02\n" +
+	"\x02GC\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply2\xb1\x03\n" +
 	"\x05Admin\x12,\n" +
 	"\n" +
 	"CreatePool\x12\x0e.skein.v1.Pool\x1a\x0e.skein.v1.Pool\x12,\n" +
@@ -1022,7 +1199,9 @@ const file_skein_proto_rawDesc = "" +
 	"\n" +
 	"ListBlocks\x12\x15.skein.v1.BlockFilter\x1a\x13.skein.v1.BlockList\x12G\n" +
 	"\x0fListAttachments\x12\x1a.skein.v1.AttachmentFilter\x1a\x18.skein.v1.AttachmentList\x121\n" +
-	"\x06Status\x12\x0f.skein.v1.Empty\x1a\x16.skein.v1.DaemonStatusB#Z!github.com/skeinnet/skein/api/rpcb\x06proto3"
+	"\x06Status\x12\x0f.skein.v1.Empty\x1a\x16.skein.v1.DaemonStatus\x122\n" +
+	"\n" +
+	"ListRoutes\x12\x0f.skein.v1.Empty\x1a\x13.skein.v1.RouteListB#Z!github.com/skeinnet/skein/api/rpcb\x06proto3"
 
 var (
 	file_skein_proto_rawDescOnce sync.Once
@@ -1036,7 +1215,7 @@ func file_skein_proto_rawDescGZIP() []byte {
 	return file_skein_proto_rawDescData
 }
 
-var file_skein_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_skein_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_skein_proto_goTypes = []any{
 	(*CNIRequest)(nil),       // 0: skein.v1.CNIRequest
 	(*CNIReply)(nil),         // 1: skein.v1.CNIReply
@@ -1051,43 +1230,48 @@ var file_skein_proto_goTypes = []any{
 	(*AttachmentFilter)(nil), // 10: skein.v1.AttachmentFilter
 	(*Attachment)(nil),       // 11: skein.v1.Attachment
 	(*AttachmentList)(nil),   // 12: skein.v1.AttachmentList
-	(*DaemonStatus)(nil),     // 13: skein.v1.DaemonStatus
+	(*Route)(nil),            // 13: skein.v1.Route
+	(*RouteList)(nil),        // 14: skein.v1.RouteList
+	(*DaemonStatus)(nil),     // 15: skein.v1.DaemonStatus
 }
 var file_skein_proto_depIdxs = []int32{
 	2,  // 0: skein.v1.CNIReply.error:type_name -> skein.v1.CNIError
 	5,  // 1: skein.v1.PoolList.pools:type_name -> skein.v1.Pool
 	8,  // 2: skein.v1.BlockList.blocks:type_name -> skein.v1.Block
 	11, // 3: skein.v1.AttachmentList.attachments:type_name -> skein.v1.Attachment
-	5,  // 4: skein.v1.DaemonStatus.pools:type_name -> skein.v1.Pool
-	0,  // 5: skein.v1.CNI.Add:input_type -> skein.v1.CNIRequest
-	0,  // 6: skein.v1.CNI.Del:input_type -> skein.v1.CNIRequest
-	0,  // 7: skein.v1.CNI.Check:input_type -> skein.v1.CNIRequest
-	0,  // 8: skein.v1.CNI.Status:input_type -> skein.v1.CNIRequest
-	0,  // 9: skein.v1.CNI.GC:input_type -> skein.v1.CNIRequest
-	5,  // 10: skein.v1.Admin.CreatePool:input_type -> skein.v1.Pool
-	4,  // 11: skein.v1.Admin.GetPool:input_type -> skein.v1.PoolRef
-	3,  // 12: skein.v1.Admin.ListPools:input_type -> skein.v1.Empty
-	4,  // 13: skein.v1.Admin.DeletePool:input_type -> skein.v1.PoolRef
-	7,  // 14: skein.v1.Admin.ListBlocks:input_type -> skein.v1.BlockFilter
-	10, // 15: skein.v1.Admin.ListAttachments:input_type -> skein.v1.AttachmentFilter
-	3,  // 16: skein.v1.Admin.Status:input_type -> skein.v1.Empty
-	1,  // 17: skein.v1.CNI.Add:output_type -> skein.v1.CNIReply
-	1,  // 18: skein.v1.CNI.Del:output_type -> skein.v1.CNIReply
-	1,  // 19: skein.v1.CNI.Check:output_type -> skein.v1.CNIReply
-	1,  // 20: skein.v1.CNI.Status:output_type -> skein.v1.CNIReply
-	1,  // 21: skein.v1.CNI.GC:output_type -> skein.v1.CNIReply
-	5,  // 22: skein.v1.Admin.CreatePool:output_type -> skein.v1.Pool
-	5,  // 23: skein.v1.Admin.GetPool:output_type -> skein.v1.Pool
-	6,  // 24: skein.v1.Admin.ListPools:output_type -> skein.v1.PoolList
-	3,  // 25: skein.v1.Admin.DeletePool:output_type -> skein.v1.Empty
-	9,  // 26: skein.v1.Admin.ListBlocks:output_type -> skein.v1.BlockList
-	12, // 27: skein.v1.Admin.ListAttachments:output_type -> skein.v1.AttachmentList
-	13, // 28: skein.v1.Admin.Status:output_type -> skein.v1.DaemonStatus
-	17, // [17:29] is the sub-list for method output_type
-	5,  // [5:17] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	13, // 4: skein.v1.RouteList.routes:type_name -> skein.v1.Route
+	5,  // 5: skein.v1.DaemonStatus.pools:type_name -> skein.v1.Pool
+	0,  // 6: skein.v1.CNI.Add:input_type -> skein.v1.CNIRequest
+	0,  // 7: skein.v1.CNI.Del:input_type -> skein.v1.CNIRequest
+	0,  // 8: skein.v1.CNI.Check:input_type -> skein.v1.CNIRequest
+	0,  // 9: skein.v1.CNI.Status:input_type -> skein.v1.CNIRequest
+	0,  // 10: skein.v1.CNI.GC:input_type -> skein.v1.CNIRequest
+	5,  // 11: skein.v1.Admin.CreatePool:input_type -> skein.v1.Pool
+	4,  // 12: skein.v1.Admin.GetPool:input_type -> skein.v1.PoolRef
+	3,  // 13: skein.v1.Admin.ListPools:input_type -> skein.v1.Empty
+	4,  // 14: skein.v1.Admin.DeletePool:input_type -> skein.v1.PoolRef
+	7,  // 15: skein.v1.Admin.ListBlocks:input_type -> skein.v1.BlockFilter
+	10, // 16: skein.v1.Admin.ListAttachments:input_type -> skein.v1.AttachmentFilter
+	3,  // 17: skein.v1.Admin.Status:input_type -> skein.v1.Empty
+	3,  // 18: skein.v1.Admin.ListRoutes:input_type -> skein.v1.Empty
+	1,  // 19: skein.v1.CNI.Add:output_type -> skein.v1.CNIReply
+	1,  // 20: skein.v1.CNI.Del:output_type -> skein.v1.CNIReply
+	1,  // 21: skein.v1.CNI.Check:output_type -> skein.v1.CNIReply
+	1,  // 22: skein.v1.CNI.Status:output_type -> skein.v1.CNIReply
+	1,  // 23: skein.v1.CNI.GC:output_type -> skein.v1.CNIReply
+	5,  // 24: skein.v1.Admin.CreatePool:output_type -> skein.v1.Pool
+	5,  // 25: skein.v1.Admin.GetPool:output_type -> skein.v1.Pool
+	6,  // 26: skein.v1.Admin.ListPools:output_type -> skein.v1.PoolList
+	3,  // 27: skein.v1.Admin.DeletePool:output_type -> skein.v1.Empty
+	9,  // 28: skein.v1.Admin.ListBlocks:output_type -> skein.v1.BlockList
+	12, // 29: skein.v1.Admin.ListAttachments:output_type -> skein.v1.AttachmentList
+	15, // 30: skein.v1.Admin.Status:output_type -> skein.v1.DaemonStatus
+	14, // 31: skein.v1.Admin.ListRoutes:output_type -> skein.v1.RouteList
+	19, // [19:32] is the sub-list for method output_type
+	6,  // [6:19] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_skein_proto_init() }
@@ -1101,7 +1285,7 @@ func file_skein_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_skein_proto_rawDesc), len(file_skein_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

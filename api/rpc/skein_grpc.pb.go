@@ -292,6 +292,7 @@ const (
 	Admin_ListBlocks_FullMethodName      = "/skein.v1.Admin/ListBlocks"
 	Admin_ListAttachments_FullMethodName = "/skein.v1.Admin/ListAttachments"
 	Admin_Status_FullMethodName          = "/skein.v1.Admin/Status"
+	Admin_ListRoutes_FullMethodName      = "/skein.v1.Admin/ListRoutes"
 )
 
 // AdminClient is the client API for Admin service.
@@ -307,6 +308,9 @@ type AdminClient interface {
 	ListBlocks(ctx context.Context, in *BlockFilter, opts ...grpc.CallOption) (*BlockList, error)
 	ListAttachments(ctx context.Context, in *AttachmentFilter, opts ...grpc.CallOption) (*AttachmentList, error)
 	Status(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*DaemonStatus, error)
+	// ListRoutes: this node's routes to other nodes' blocks (skeind --routing),
+	// as of the last sync. In embedded-store mode the list is empty.
+	ListRoutes(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*RouteList, error)
 }
 
 type adminClient struct {
@@ -387,6 +391,16 @@ func (c *adminClient) Status(ctx context.Context, in *Empty, opts ...grpc.CallOp
 	return out, nil
 }
 
+func (c *adminClient) ListRoutes(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*RouteList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RouteList)
+	err := c.cc.Invoke(ctx, Admin_ListRoutes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -400,6 +414,9 @@ type AdminServer interface {
 	ListBlocks(context.Context, *BlockFilter) (*BlockList, error)
 	ListAttachments(context.Context, *AttachmentFilter) (*AttachmentList, error)
 	Status(context.Context, *Empty) (*DaemonStatus, error)
+	// ListRoutes: this node's routes to other nodes' blocks (skeind --routing),
+	// as of the last sync. In embedded-store mode the list is empty.
+	ListRoutes(context.Context, *Empty) (*RouteList, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -430,6 +447,9 @@ func (UnimplementedAdminServer) ListAttachments(context.Context, *AttachmentFilt
 }
 func (UnimplementedAdminServer) Status(context.Context, *Empty) (*DaemonStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAdminServer) ListRoutes(context.Context, *Empty) (*RouteList, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRoutes not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -578,6 +598,24 @@ func _Admin_Status_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListRoutes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListRoutes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListRoutes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListRoutes(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -612,6 +650,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Admin_Status_Handler,
+		},
+		{
+			MethodName: "ListRoutes",
+			Handler:    _Admin_ListRoutes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

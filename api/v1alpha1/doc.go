@@ -56,6 +56,11 @@ const (
 	// from (DefaultPool without it). Namespaces are admin objects, so pod
 	// owners cannot choose a pool.
 	AnnotationPool = "skein.dev/pool"
+	// AnnotationNodeAddress on a Node gives the node's underlay addresses
+	// for routing between nodes (skeind --routing direct or vxlan): comma
+	// separated, at most one per family. Without it peers use the Node's
+	// InternalIPs. skeind --node-address writes it on its own Node.
+	AnnotationNodeAddress = "skein.dev/node-address"
 	// DefaultPool is the pool of a namespace without AnnotationPool.
 	DefaultPool = "default"
 	// FinalizerBlock on an AddressBlock keeps it until its node has let

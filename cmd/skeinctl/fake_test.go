@@ -26,6 +26,7 @@ type fakeAdmin struct {
 	pools       []*rpc.Pool
 	blocks      []*rpc.Block
 	attachments []*rpc.Attachment
+	routes      *rpc.RouteList
 	status      *rpc.DaemonStatus
 	errs        map[string]error
 	// hang makes Status block until the caller gives up.
@@ -116,6 +117,14 @@ func (f *fakeAdmin) ListAttachments(_ context.Context, r *rpc.AttachmentFilter) 
 	return &rpc.AttachmentList{Attachments: out}, nil
 }
 
+func (f *fakeAdmin) ListRoutes(_ context.Context, r *rpc.Empty) (*rpc.RouteList, error) {
+	f.record(r)
+	if err := f.errs["ListRoutes"]; err != nil {
+		return nil, err
+	}
+	return f.routes, nil
+}
+
 func (f *fakeAdmin) Status(ctx context.Context, _ *rpc.Empty) (*rpc.DaemonStatus, error) {
 	if f.hang {
 		<-ctx.Done()
@@ -184,6 +193,12 @@ func cannedAdmin() *fakeAdmin {
 			{Network: "backend", ContainerId: ctrC, Ifname: "eth0", Pool: "default",
 				Addresses: []string{"10.88.0.3/16"}, Owner: "docker"},
 		},
+		routes: &rpc.RouteList{Mode: "direct", Synced: true, Routes: []*rpc.Route{
+			{Block: "10.88.0.64/27", Name: "default-2", Node: "node-b", NodeAddresses: []string{"192.0.2.2", "2001:db8::2"},
+				Mode: "direct", Via: "192.0.2.2", Installed: true},
+			{Block: "10.88.0.96/27", Name: "default-3", Node: "node-c", NodeAddresses: []string{"198.51.100.3"},
+				Mode: "direct", Reason: "node address 198.51.100.3 is not on a directly connected network"},
+		}},
 		status: &rpc.DaemonStatus{Version: "v0.1.0", Node: "node-a", Store: "bbolt /var/lib/skein/skein.db",
 			Uptime: "3h2m1s", Attachments: 4},
 	}

@@ -86,6 +86,14 @@ func TestTables(t *testing.T) {
 			{"skein0", "3f1c9a2b7d4e", "eth1", "dual", "10.99.0.2/24, fd99::2/48", "sk3f1c9a2c", "cni", "90s"},
 		},
 	}, {
+		name: "route list",
+		args: []string{"route", "list"},
+		want: [][]string{
+			{"BLOCK", "NODE", "NODE-ADDRESS", "MODE", "VIA", "INSTALLED", "REASON"},
+			{"10.88.0.64/27", "node-b", "192.0.2.2, 2001:db8::2", "direct", "192.0.2.2", "yes", "-"},
+			{"10.88.0.96/27", "node-c", "198.51.100.3", "direct", "-", "no", "node address 198.51.100.3 is not on a directly connected network"},
+		},
+	}, {
 		name: "empty list keeps its header",
 		args: []string{"attachment", "list", "--network", "nope"},
 		want: [][]string{
@@ -209,6 +217,7 @@ func TestJSON(t *testing.T) {
 		{"attachment list", []string{"attachment", "list"}, msgs(f.attachments), func() proto.Message { return &rpc.Attachment{} }},
 		{"attachment list empty", []string{"attachment", "list", "--pool", "none"}, []proto.Message{}, func() proto.Message { return &rpc.Attachment{} }},
 		{"attachment show", []string{"attachment", "show", ctrB[:12]}, msgs(f.attachments[2:3]), func() proto.Message { return &rpc.Attachment{} }},
+		{"route list", []string{"route", "list"}, msgs(f.routes.Routes), func() proto.Message { return &rpc.Route{} }},
 		{"status", []string{"status"}, f.status, func() proto.Message { return &rpc.DaemonStatus{} }},
 	}
 	for _, tt := range tests {
@@ -506,5 +515,25 @@ func TestAge(t *testing.T) {
 	}
 	if got := age("", now); got != "" {
 		t.Errorf("age of no timestamp = %q, want empty", got)
+	}
+}
+
+// TestRouteListAsksSkeind: routes are the node's, so route list asks
+// skeind even with $KUBECONFIG set, and refuses an explicit --kubeconfig.
+func TestRouteListAsksSkeind(t *testing.T) {
+	f := cannedAdmin()
+	sock := serve(t, f)
+	out, errOut, code := cli(map[string]string{"SKEIN_SOCKET": sock, "KUBECONFIG": "/nonexistent"}, "route", "list")
+	if code != 0 || !strings.Contains(out, "node-b") {
+		t.Errorf("route list with $KUBECONFIG: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	_, errOut, code = cli(nil, "--socket", sock, "--kubeconfig", "/x", "route", "list")
+	if code != 2 || !strings.Contains(errOut, "--kubeconfig does not apply") {
+		t.Errorf("route list --kubeconfig: exit %d, stderr %q; want a usage error", code, errOut)
+	}
+	f.errs = map[string]error{"ListRoutes": status.Error(codes.Unavailable, "down")}
+	_, errOut, code = cli(nil, "--socket", sock, "route", "list")
+	if code == 0 || !strings.Contains(errOut, "down") {
+		t.Errorf("route list failing: exit %d, stderr %q", code, errOut)
 	}
 }

@@ -42,11 +42,10 @@ func (k kubeFlags) openStore(ctx context.Context, cfg daemon.Config) (store.Stor
 	if cfg.Node == "" {
 		return nil, fmt.Errorf("--store kubernetes needs --node (the Node object's name; a DaemonSet passes spec.nodeName)")
 	}
-	rc, err := restConfig(k.kubeconfig)
+	rc, err := k.restConfig(cfg.Node)
 	if err != nil {
 		return nil, err
 	}
-	rc.UserAgent = "skeind/" + daemon.Version + " (" + cfg.Node + ")"
 	dir := cfg.StateDir
 	if dir == "" {
 		dir = daemon.DefaultStateDir
@@ -61,6 +60,16 @@ func (k kubeFlags) openStore(ctx context.Context, cfg daemon.Config) (store.Stor
 		return nil, err
 	}
 	return st, nil
+}
+
+// restConfig is the API server's configuration, with skeind's user agent.
+func (k kubeFlags) restConfig(node string) (*rest.Config, error) {
+	rc, err := restConfig(k.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "skeind/" + daemon.Version + " (" + node + ")"
+	return rc, nil
 }
 
 // restConfig reads path, or the in-cluster configuration when path is "".

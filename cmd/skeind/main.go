@@ -75,6 +75,11 @@ func newCommand() *cobra.Command {
 			set("rule-priority", func() { final.Dataplane.RulePriority = cfg.Dataplane.RulePriority })
 			set("node-forwarding", func() { final.Dataplane.NodeForwarding = cfg.Dataplane.NodeForwarding })
 			set("node-netns", func() { final.Dataplane.NodeNetNS = cfg.Dataplane.NodeNetNS })
+			set("routing", func() { final.Routing.Mode = cfg.Routing.Mode })
+			set("node-address", func() { final.Routing.NodeAddress = cfg.Routing.NodeAddress })
+			set("vxlan-vni", func() { final.Routing.VXLAN.VNI = cfg.Routing.VXLAN.VNI })
+			set("vxlan-port", func() { final.Routing.VXLAN.Port = cfg.Routing.VXLAN.Port })
+			set("vxlan-mtu", func() { final.Routing.VXLAN.MTU = cfg.Routing.VXLAN.MTU })
 			final.ReconcileForce = cfg.ReconcileForce // a flag only
 			for name, s := range map[string]struct {
 				v   string
@@ -95,6 +100,10 @@ func newCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			mode, err := final.Routing.Validate(kf.store == "kubernetes")
+			if err != nil {
+				return err
+			}
 			final.Logger = log
 			slog.SetDefault(log)
 
@@ -103,9 +112,29 @@ func newCommand() *cobra.Command {
 			if final.Store, err = kf.openStore(ctx, final); err != nil {
 				return err
 			}
+			var nr *nodeRouting
+			if kf.store == "kubernetes" {
+				rc, err := kf.restConfig(final.Node)
+				if err == nil {
+					nr, err = startRouting(ctx, &final, mode, rc, log)
+				}
+				if err != nil {
+					final.Store.Close()
+					return err
+				}
+			} else {
+				cleanLeftovers(ctx, final, log)
+			}
 			d, err := daemon.New(ctx, final)
 			if err != nil {
+				if nr != nil {
+					nr.stop()
+				}
 				return err
+			}
+			if nr != nil {
+				nr.run(ctx)
+				d.OnStop(nr.stop)
 			}
 			if err := vmf.serve(ctx, d, final.Socket); err != nil {
 				d.Close()
@@ -139,6 +168,14 @@ func newCommand() *cobra.Command {
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
 	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
+	f.StringVar(&cfg.Routing.Mode, "routing", "export", "how pods reach other nodes' pods: export (the node's blocks go to --export-table for a routing daemon such as BIRD to announce), "+
+		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes; their routes go to table 120 (protocol 32, looked up at rule priority 2001), synced on every change of the cluster's blocks and nodes and every 30 s, and kept when skeind stops. "+
+		"Switching to export removes them at start. See skeinctl route list")
+	f.StringVar(&cfg.Routing.NodeAddress, "node-address", "", "this node's underlay addresses for direct and vxlan routing, comma separated, at most one per family (e.g. 192.0.2.10,2001:db8::10); "+
+		"skeind writes them on its Node as the annotation skein.dev/node-address, which peers prefer to the Node's InternalIPs. Empty: the annotation as it is, else the InternalIPs. In vxlan mode the first address is the tunnel's underlay (and decides its family)")
+	f.IntVar(&cfg.Routing.VXLAN.VNI, "vxlan-vni", 0, "VXLAN network identifier of --routing vxlan, 1..16777215, the same on every node (0: 4100)")
+	f.IntVar(&cfg.Routing.VXLAN.Port, "vxlan-port", 0, "UDP port of --routing vxlan, 1..65535, the same on every node (0: 4789)")
+	f.IntVar(&cfg.Routing.VXLAN.MTU, "vxlan-mtu", 0, "MTU of the VXLAN device of --routing vxlan, 1280..65535 (0: the underlay link's MTU minus 50 on an IPv4 underlay, 70 on IPv6); with --mtu 0 pods get this MTU")
 	f.StringVar(&kf.store, "store", "embedded", "where pools and blocks live: embedded (a file under --state-dir, one host) or kubernetes (the API server; attachments stay in the file)")
 	f.StringVar(&kf.kubeconfig, "kubeconfig", "", "kubeconfig for --store kubernetes (empty: the in-cluster configuration)")
 	f.DurationVar(&kf.grantTimeout, "block-wait", kubestore.DefaultGrantTimeout, "with --store kubernetes, how long an ADD waits for skein-controller to grant a block before failing with \"try again\" (CNI code 11)")

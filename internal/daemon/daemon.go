@@ -54,6 +54,10 @@ type Config struct {
 	Dataplane dataplane.Config `json:"dataplane"`
 	// Pools are created at start when absent.
 	Pools []PoolSpec `json:"pools,omitempty"`
+	// Routing between nodes; zero values per RoutingConfig. The daemon
+	// reads only Mode (ListRoutes without Routes); skeind builds the
+	// routing from it.
+	Routing RoutingConfig `json:"routing"`
 	// ReconcileForce lets the start-up reconcile delete host links the
 	// store cannot account for (see ErrStoreMismatch); false refuses to
 	// start instead. A one-off flag, never read from a config file.
@@ -63,6 +67,9 @@ type Config struct {
 	// Store, if set, is used instead of the embedded store under
 	// StateDir; the daemon closes it. (Unit tests pass a fake.)
 	Store store.Store `json:"-"`
+	// Routes, if set, answers ListRoutes; its metrics (when it has
+	// Collectors) are served with the daemon's. Nil: an empty list.
+	Routes Routes `json:"-"`
 	// Kernel, if set, is used instead of a dataplane.Dataplane built from
 	// Dataplane; the daemon closes it. (Unit tests pass a fake.)
 	Kernel Kernel `json:"-"`
@@ -140,6 +147,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	}
 	d.st = st
 	d.metrics.registerStore(st)
+	d.metrics.registerStore(cfg.Routes)
 	defer func() {
 		if err != nil {
 			st.Close()

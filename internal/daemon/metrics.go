@@ -48,7 +48,8 @@ type storeCollectors interface {
 	Collectors() []prometheus.Collector
 }
 
-// registerStore adds st's own metrics, if it has any.
+// registerStore adds the metrics of st (the store, the routing loop), if
+// it has any.
 func (m *metrics) registerStore(st any) {
 	if sc, ok := st.(storeCollectors); ok {
 		m.reg.MustRegister(sc.Collectors()...)

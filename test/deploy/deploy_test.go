@@ -346,6 +346,15 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"update", "namespaces", "", "", false},
 			{"get", "nodes", "", "", true},
 			{"update", "nodes", "", "", false},
+			// Routing between nodes: every Node's addresses, its own
+			// annotation (a patch), not the Node's status.
+			{"list", "nodes", "", "", true},
+			{"watch", "nodes", "", "", true},
+			{"patch", "nodes", "", "", true},
+			{"patch", "nodes", "status", "", false},
+			{"delete", "nodes", "", "", false},
+			{"watch", blocks, "", "", true},
+			{"patch", "events", "", "default", true},
 			{"create", requests, "", "", true},
 			{"delete", requests, "", "", true},
 			{"watch", requests, "", "", true},

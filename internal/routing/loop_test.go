@@ -1,0 +1,443 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// fakeSource is a Source whose snapshot the test sets.
+type fakeSource struct {
+	mu      sync.Mutex
+	snap    Snapshot
+	changed chan struct{}
+}
+
+func newFakeSource(snap Snapshot) *fakeSource {
+	return &fakeSource{snap: snap, changed: make(chan struct{}, 1)}
+}
+
+func (s *fakeSource) Snapshot(context.Context) (Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snap, nil
+}
+
+func (s *fakeSource) Changed() <-chan struct{} { return s.changed }
+
+func (s *fakeSource) set(snap Snapshot) {
+	s.mu.Lock()
+	s.snap = snap
+	s.mu.Unlock()
+	s.kick()
+}
+
+func (s *fakeSource) kick() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// fakeSyncer installs every remote whose node has an address, except the
+// nodes in down; it fails while failures > 0.
+type fakeSyncer struct {
+	mu       sync.Mutex
+	calls    []time.Time
+	last     []Remote
+	down     map[string]bool
+	failures int
+	synced   chan struct{}
+}
+
+func newFakeSyncer() *fakeSyncer {
+	return &fakeSyncer{down: map[string]bool{}, synced: make(chan struct{}, 100)}
+}
+
+func (f *fakeSyncer) Sync(_ context.Context, remotes []Remote) ([]Status, error) {
+	f.mu.Lock()
+	defer func() {
+		f.mu.Unlock()
+		// Never block the loop: with a fast Resync nobody may be
+		// counting (a blocked Sync would hang Run past its cancel).
+		select {
+		case f.synced <- struct{}{}:
+		default:
+		}
+	}()
+	f.calls = append(f.calls, time.Now())
+	f.last = remotes
+	if f.failures > 0 {
+		f.failures--
+		return nil, errors.New("netlink: no buffer space")
+	}
+	var out []Status
+	for _, r := range remotes {
+		s := Status{Remote: r}
+		switch {
+		case len(r.NodeAddrs) == 0:
+			s.Reason = "node has no address"
+		case f.down[r.Node]:
+			s.Reason = fmt.Sprintf("node address %s is not on a directly connected network", r.NodeAddrs[0])
+		default:
+			s.Installed, s.Via = true, r.NodeAddrs[0]
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func (f *fakeSyncer) ncalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+func (f *fakeSyncer) setDown(node string, down bool) {
+	f.mu.Lock()
+	f.down[node] = down
+	f.mu.Unlock()
+}
+
+// waitSyncs waits for n more syncs.
+func (f *fakeSyncer) waitSyncs(t *testing.T, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		select {
+		case <-f.synced:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no sync within 5s (waited for %d, got %d)", n, i)
+		}
+	}
+}
+
+// freshSyncs waits for n syncs that end after the call; with n ≥ 3, at
+// least one sync has started after the call and been reported on.
+func (f *fakeSyncer) freshSyncs(t *testing.T, n int) {
+	t.Helper()
+	for {
+		select {
+		case <-f.synced:
+			continue
+		default:
+		}
+		break
+	}
+	f.waitSyncs(t, n)
+}
+
+// fakeEvents records the events.
+type fakeEvents struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (e *fakeEvents) NodeWarning(n NodeInfo, reason, msg string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.got = append(e.got, n.Name+" "+reason+": "+msg)
+}
+
+func (e *fakeEvents) list() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.got...)
+}
+
+func remote(block, node string, addrs ...string) Remote {
+	r := Remote{Block: netip.MustParsePrefix(block), Name: "p-" + block, Node: node}
+	for _, a := range addrs {
+		r.NodeAddrs = append(r.NodeAddrs, netip.MustParseAddr(a))
+	}
+	return r
+}
+
+func snapOf(rs ...Remote) Snapshot {
+	s := Snapshot{Remotes: rs, Nodes: map[string]NodeInfo{}}
+	for _, r := range rs {
+		s.Nodes[r.Node] = NodeInfo{Name: r.Node, UID: types.UID("uid-" + r.Node), Addrs: r.NodeAddrs}
+	}
+	return s
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func runLoop(t *testing.T, o LoopOptions) *Loop {
+	t.Helper()
+	if o.Logger == nil {
+		o.Logger = quietLogger()
+	}
+	l, err := NewLoop(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run = %v, want context.Canceled", err)
+		}
+	})
+	return l
+}
+
+func TestNewLoopNeedsSourceAndSyncer(t *testing.T) {
+	if _, err := NewLoop(LoopOptions{Syncer: newFakeSyncer()}); err == nil {
+		t.Error("NewLoop without a Source: no error")
+	}
+	if _, err := NewLoop(LoopOptions{Source: newFakeSource(Snapshot{})}); err == nil {
+		t.Error("NewLoop without a Syncer: no error")
+	}
+}
+
+// TestLoopSyncsAndKeepsStatuses: a sync at start, one per (coalesced)
+// change, statuses sorted by block, metrics from the last sync.
+func TestLoopSyncsAndKeepsStatuses(t *testing.T) {
+	src := newFakeSource(snapOf(remote("10.1.0.32/27", "n2", "192.0.2.2"), remote("10.1.0.0/27", "n3")))
+	sy := newFakeSyncer()
+	l := runLoop(t, LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Resync: time.Hour})
+	sy.waitSyncs(t, 1)
+	eventually(t, func() bool { _, synced := l.Statuses(); return synced })
+	st, synced := l.Statuses()
+	if !synced || len(st) != 2 || st[0].Block.String() != "10.1.0.0/27" || st[0].Installed || st[1].Node != "n2" || !st[1].Installed {
+		t.Fatalf("statuses after the first sync: %+v (synced %v)", st, synced)
+	}
+	if l.Mode() != ModeDirect {
+		t.Errorf("Mode = %s", l.Mode())
+	}
+	m := l.m
+	eventually(t, func() bool { return testutil.ToFloat64(m.unreachable) == 1 })
+	if v := testutil.ToFloat64(m.blocks.WithLabelValues("installed")); v != 1 {
+		t.Errorf("installed blocks metric %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(m.blocks.WithLabelValues("missing")); v != 1 {
+		t.Errorf("missing blocks metric %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(m.unreachable); v != 1 {
+		t.Errorf("unreachable nodes metric %v, want 1", v)
+	}
+
+	// A burst of 200 changes makes a few syncs, not 200.
+	before := sy.ncalls()
+	for i := 0; i < 200; i++ {
+		src.set(snapOf(remote(fmt.Sprintf("10.2.%d.0/24", i), "n2", "192.0.2.2")))
+	}
+	sy.waitSyncs(t, 1)
+	time.Sleep(100 * time.Millisecond)
+	if n := sy.ncalls() - before; n > 5 {
+		t.Errorf("200 changes in a burst made %d syncs, want a few", n)
+	}
+	sy.mu.Lock()
+	last := sy.last
+	sy.mu.Unlock()
+	if len(last) != 1 || last[0].Block.String() != "10.2.199.0/24" {
+		t.Errorf("the last sync had %v, want the last change's block", last)
+	}
+	eventually(t, func() bool { return testutil.ToFloat64(m.unreachable) == 0 })
+	if v := testutil.ToFloat64(m.syncs.WithLabelValues("ok")); int(v) != sy.ncalls() {
+		t.Errorf("ok syncs metric %v, syncs %d", v, sy.ncalls())
+	}
+}
+
+// TestLoopResync: without changes the loop syncs again every Resync.
+func TestLoopResync(t *testing.T) {
+	sy := newFakeSyncer()
+	runLoop(t, LoopOptions{Source: newFakeSource(snapOf()), Syncer: sy, Resync: 30 * time.Millisecond})
+	sy.waitSyncs(t, 4)
+}
+
+// TestLoopBackoff: failed syncs are retried with growing waits up to
+// MaxBackoff, the statuses of the last good sync are kept meanwhile, and a
+// success resets the backoff.
+func TestLoopBackoff(t *testing.T) {
+	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2")))
+	sy := newFakeSyncer()
+	l := runLoop(t, LoopOptions{Source: src, Syncer: sy, Resync: time.Hour, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	sy.waitSyncs(t, 1)
+	fail := func(n int) []time.Time {
+		sy.mu.Lock()
+		sy.failures = n
+		first := len(sy.calls)
+		sy.mu.Unlock()
+		src.kick()
+		sy.waitSyncs(t, n+1) // n failures, then a success
+		sy.mu.Lock()
+		defer sy.mu.Unlock()
+		return append([]time.Time(nil), sy.calls[first:]...)
+	}
+	calls := fail(5)
+	// The waits after the failures: 20, 40, 80, 160, then 200 (the cap).
+	for i, w := range []time.Duration{20, 40, 80, 160, 200} {
+		got := calls[i+1].Sub(calls[i])
+		if got < w*time.Millisecond*9/10 {
+			t.Errorf("wait after failure %d: %v, want ≥ %v ms", i+1, got, w)
+		}
+	}
+	if got := calls[5].Sub(calls[4]); got > 400*time.Millisecond {
+		t.Errorf("wait after failure 5: %v, want about the 200 ms cap", got)
+	}
+	eventually(t, func() bool { return testutil.ToFloat64(l.m.syncs.WithLabelValues("error")) == 5 })
+	st, _ := l.Statuses()
+	if len(st) != 1 || !st[0].Installed {
+		t.Errorf("statuses after recovery: %+v", st)
+	}
+	// The success reset the backoff: the next failure waits MinBackoff
+	// again, not the cap.
+	eventually(t, func() bool { return testutil.ToFloat64(l.m.syncs.WithLabelValues("ok")) == 2 })
+	calls = fail(1)
+	if got := calls[1].Sub(calls[0]); got > 150*time.Millisecond {
+		t.Errorf("a failure after recovery waited %v; the backoff was not reset (want about 20 ms)", got)
+	}
+}
+
+// TestLoopReportsOncePerChange: a node whose blocks cannot be routed gets
+// one Warning event and one log line per change of its state, not one per
+// sync; export mode logs but sends no NodeUnreachable event; an invalid
+// address annotation gets its own event, once.
+func TestLoopReportsOncePerChange(t *testing.T) {
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	snap := snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2"), remote("10.1.0.32/27", "n2", "192.0.2.2"), remote("10.1.0.64/27", "n3", "198.51.100.3"))
+	n3 := snap.Nodes["n3"]
+	n3.BadAnnotation = errors.New(`annotation skein.dev/node-address: node address "x": ParseAddr("x"): unable to parse IP`)
+	snap.Nodes["n3"] = n3
+	src := newFakeSource(snap)
+	sy := newFakeSyncer()
+	sy.setDown("n2", true)
+	ev := &fakeEvents{}
+	l := runLoop(t, LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Events: ev, Logger: log, Resync: 10 * time.Millisecond})
+	sy.waitSyncs(t, 5)
+	eventually(t, func() bool { return len(ev.list()) >= 2 })
+	time.Sleep(30 * time.Millisecond) // more syncs, which must not repeat the events
+	got := ev.list()
+	if len(got) != 2 {
+		t.Fatalf("events after 5 syncs: %q, want one NodeUnreachable for n2 and one InvalidNodeAddress for n3", got)
+	}
+	for _, want := range []string{"n2 NodeUnreachable: 2 of 2 blocks of node n2 have no direct route", "n3 InvalidNodeAddress: annotation skein.dev/node-address"} {
+		if !strings.Contains(strings.Join(got, "\n"), want) {
+			t.Errorf("events %q: none contains %q", got, want)
+		}
+	}
+	if v := testutil.ToFloat64(l.m.unreachable); v != 1 {
+		t.Errorf("unreachable nodes metric %v, want 1", v)
+	}
+
+	sy.setDown("n2", false)
+	sy.freshSyncs(t, 3)
+	sy.setDown("n2", true)
+	sy.freshSyncs(t, 3)
+	eventually(t, func() bool { return len(ev.list()) >= 3 })
+	if got := ev.list(); len(got) != 3 || !strings.HasPrefix(got[2], "n2 NodeUnreachable") {
+		t.Errorf("events after n2 recovered and failed again: %q, want a second NodeUnreachable", got)
+	}
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	if n := strings.Count(out, "remote node's blocks not routed"); n != 2 {
+		t.Errorf("%d 'not routed' log lines, want 2 (one per change):\n%s", n, out)
+	}
+	if n := strings.Count(out, "routed again"); n != 1 {
+		t.Errorf("%d 'routed again' log lines, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "node address annotation invalid"); n != 1 {
+		t.Errorf("%d 'annotation invalid' log lines, want 1:\n%s", n, out)
+	}
+}
+
+// TestLoopNoEventWithoutNode: blocks whose Node object is gone get no
+// event (there is no object to put it on), only the log and metrics.
+func TestLoopNoEventWithoutNode(t *testing.T) {
+	snap := snapOf(remote("10.1.0.0/27", "gone"))
+	delete(snap.Nodes, "gone")
+	sy := newFakeSyncer()
+	ev := &fakeEvents{}
+	l := runLoop(t, LoopOptions{Mode: ModeVXLAN, Source: newFakeSource(snap), Syncer: sy, Events: ev, Resync: time.Hour})
+	sy.waitSyncs(t, 1)
+	eventually(t, func() bool { return testutil.ToFloat64(l.m.unreachable) == 1 })
+	if got := ev.list(); len(got) != 0 {
+		t.Errorf("events for a node without a Node object: %q", got)
+	}
+}
+
+func TestLoopExportModeSendsNoUnreachableEvents(t *testing.T) {
+	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2")))
+	sy := newFakeSyncer()
+	ev := &fakeEvents{}
+	l := runLoop(t, LoopOptions{Mode: ModeExport, Source: src, Syncer: sy, Events: ev, Resync: time.Hour})
+	sy.waitSyncs(t, 1)
+	eventually(t, func() bool { return testutil.ToFloat64(l.m.blocks.WithLabelValues("missing")) == 1 })
+	if got := ev.list(); len(got) != 0 {
+		t.Errorf("export mode sent events %q", got)
+	}
+	if v := testutil.ToFloat64(l.m.blocks.WithLabelValues("missing")); v != 1 {
+		t.Errorf("missing blocks metric %v, want 1", v)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Write(p)
+}
+
+// eventually waits up to 5 s for cond.
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// BenchmarkLoopSync1000Nodes: one sync's own cost (statuses, per-node
+// report, metrics) with 1,000 remote nodes of 3 dual-stack blocks each,
+// through a fake kernel.
+func BenchmarkLoopSync1000Nodes(b *testing.B) {
+	var rs []Remote
+	for n := 0; n < 1000; n++ {
+		addr := netip.AddrFrom4([4]byte{10, 200, byte(n >> 8), byte(n)})
+		for i := 0; i < 3; i++ {
+			k := n*3 + i
+			v4 := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(k >> 11), byte(k >> 3), byte(k << 5)}), 27)
+			v6 := netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 12: byte(k >> 11), 13: byte(k >> 3), 14: byte(k << 5)}), 123)
+			node := fmt.Sprintf("node-%d", n)
+			rs = append(rs, Remote{Block: v4, Name: fmt.Sprint(k), Node: node, NodeAddrs: []netip.Addr{addr}},
+				Remote{Block: v6, Name: fmt.Sprint(k), Node: node, NodeAddrs: []netip.Addr{addr}})
+		}
+	}
+	l, err := NewLoop(LoopOptions{Mode: ModeDirect, Source: newFakeSource(snapOf(rs...)), Syncer: newFakeSyncer(), Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sy := l.o.Syncer.(*fakeSyncer)
+	go func() {
+		for range sy.synced {
+		}
+	}()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := l.SyncNow(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,269 @@
+package routing
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/kube"
+)
+
+func TestParseNodeAddresses(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want string // joined addresses, or the error's substring after "!"
+	}{
+		{"192.0.2.1", "192.0.2.1"},
+		{"192.0.2.1,2001:db8::1", "192.0.2.1 2001:db8::1"},
+		{" 2001:db8::1 , 192.0.2.1 ", "2001:db8::1 192.0.2.1"},
+		{"::ffff:192.0.2.1", "192.0.2.1"},
+		{"", "!empty"},
+		{"192.0.2.1,192.0.2.2", "!more than one address of a family"},
+		{"2001:db8::1,2001:db8::2", "!more than one address of a family"},
+		{"192.0.2.1,", "!node address \"\""},
+		{"10.0.0.0/8", "!node address \"10.0.0.0/8\""},
+		{"127.0.0.1", "!not a unicast address"},
+		{"0.0.0.0", "!not a unicast address"},
+		{"ff02::1", "!not a unicast address"},
+		{"fe80::1", "!not a unicast address"},
+		{"fe80::1%eth0", "!zone"},
+	} {
+		got, err := ParseNodeAddresses(tt.in)
+		if strings.HasPrefix(tt.want, "!") {
+			if err == nil || !strings.Contains(err.Error(), tt.want[1:]) {
+				t.Errorf("ParseNodeAddresses(%q) = %v, %v; want an error containing %q", tt.in, got, err, tt.want[1:])
+			}
+			continue
+		}
+		if err != nil || joinAddrs(got) != tt.want {
+			t.Errorf("ParseNodeAddresses(%q) = %v, %v; want %s", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func joinAddrs(as []netip.Addr) string {
+	var s []string
+	for _, a := range as {
+		s = append(s, a.String())
+	}
+	return strings.Join(s, " ")
+}
+
+func TestNodeAddresses(t *testing.T) {
+	node := func(ann string, addrs ...corev1.NodeAddress) *corev1.Node {
+		n := &corev1.Node{Status: corev1.NodeStatus{Addresses: addrs}}
+		if ann != "" {
+			n.Annotations = map[string]string{skeinv1.AnnotationNodeAddress: ann}
+		}
+		return n
+	}
+	ip := func(typ corev1.NodeAddressType, a string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: typ, Address: a}
+	}
+	for _, tt := range []struct {
+		name string
+		n    *corev1.Node
+		want string
+		bad  bool
+	}{
+		{"internal IPs, first per family", node("", ip(corev1.NodeExternalIP, "203.0.113.1"), ip(corev1.NodeInternalIP, "10.0.0.1"),
+			ip(corev1.NodeInternalIP, "10.0.0.2"), ip(corev1.NodeInternalIP, "fd00::1"), ip(corev1.NodeHostName, "n1")), "10.0.0.1 fd00::1", false},
+		{"annotation wins", node("192.0.2.7", ip(corev1.NodeInternalIP, "10.0.0.1")), "192.0.2.7", false},
+		{"bad annotation: internal IPs", node("192.0.2.7,192.0.2.8", ip(corev1.NodeInternalIP, "10.0.0.1")), "10.0.0.1", true},
+		{"nothing", node(""), "", false},
+	} {
+		got, bad := NodeAddresses(tt.n)
+		if joinAddrs(got) != tt.want || (bad != nil) != tt.bad {
+			t.Errorf("%s: %v, %v; want %s (bad annotation: %v)", tt.name, got, bad, tt.want, tt.bad)
+		}
+	}
+}
+
+// TestWatcher runs the watcher against a real API server: every node's
+// blocks but this node's, node addresses from annotation or InternalIPs,
+// a change signal for blocks and addresses and none for a heartbeat, and
+// events recorded on the Node.
+func TestWatcher(t *testing.T) {
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	mkNode := func(name, ann string, internal ...string) {
+		t.Helper()
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if ann != "" {
+			n.Annotations = map[string]string{skeinv1.AnnotationNodeAddress: ann}
+		}
+		if err := c.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range internal {
+			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a})
+		}
+		if err := c.Status().Update(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkBlock := func(pool string, index int64, node string, v4, v6 string) *skeinv1.AddressBlock {
+		t.Helper()
+		b := &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName(pool, uint32(index)),
+			Labels: map[string]string{skeinv1.LabelPool: pool, skeinv1.LabelNode: node}}, Index: index}
+		if v4 != "" {
+			b.IPv4 = ptr.To(v4)
+		}
+		if v6 != "" {
+			b.IPv6 = ptr.To(v6)
+		}
+		if err := c.Create(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	mkNode("w1", "", "10.0.0.1")
+	mkNode("w2", "", "10.0.0.2", "fd00::2")
+	mkNode("w3", "192.0.2.3", "10.0.0.3")
+	mkNode("w4", "not-an-address", "10.0.0.4")
+	mkBlock("p", 0, "w1", "10.64.0.0/27", "fd64::/123")
+	mkBlock("p", 1, "w2", "10.64.0.32/27", "fd64::20/123")
+	mkBlock("p", 2, "w3", "10.64.0.64/27", "")
+	mkBlock("p", 3, "w4", "10.64.0.96/27", "")
+	mkBlock("p", 4, "gone", "10.64.0.128/27", "")
+
+	w, err := NewWatcher(ctx, WatchOptions{Config: env.Config, Node: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	snap, err := w.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"10.64.0.32/27 p-1 w2 [10.0.0.2 fd00::2]",
+		"10.64.0.64/27 p-2 w3 [192.0.2.3]",
+		"10.64.0.96/27 p-3 w4 [10.0.0.4]",
+		"10.64.0.128/27 p-4 gone []",
+		"fd64::20/123 p-1 w2 [10.0.0.2 fd00::2]",
+	}
+	if got := remotesString(snap.Remotes); !slices.Equal(got, want) {
+		t.Errorf("remotes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if bad := snap.Nodes["w4"].BadAnnotation; bad == nil || !strings.Contains(bad.Error(), "not-an-address") {
+		t.Errorf("w4's bad annotation: %v", bad)
+	}
+	if snap.Nodes["w3"].BadAnnotation != nil || snap.Nodes["w2"].UID == "" {
+		t.Errorf("nodes: %+v", snap.Nodes)
+	}
+	if self, ok := w.Self(ctx); !ok || joinAddrs(self.Addrs) != "10.0.0.1" {
+		t.Errorf("Self = %+v, %v", self, ok)
+	}
+	drain(w)
+
+	// A heartbeat (a condition's time) is no change; a new block, a
+	// deleted one, and a node's new address are.
+	n2 := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "w2"}, n2); err != nil {
+		t.Fatal(err)
+	}
+	n2.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+	if err := c.Status().Update(ctx, n2); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Changed():
+		t.Error("a node's heartbeat signalled a change")
+	case <-time.After(500 * time.Millisecond):
+	}
+	for _, step := range []struct {
+		name string
+		do   func()
+		want string // in the remotes after the change
+		gone string // not in them
+	}{
+		{"new block", func() { mkBlock("p", 5, "w3", "10.64.0.160/27", "") }, "10.64.0.160/27 p-5 w3 [192.0.2.3]", ""},
+		{"block deleted", func() {
+			if err := c.Delete(ctx, &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: "p-4"}}); err != nil {
+				t.Fatal(err)
+			}
+		}, "", "p-4"},
+		{"address annotation", func() {
+			patch := client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"annotations":{"skein.dev/node-address":"192.0.2.2"}}}`))
+			if err := c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "w2"}}, patch); err != nil {
+				t.Fatal(err)
+			}
+		}, "10.64.0.32/27 p-1 w2 [192.0.2.2]", "fd00::2"},
+		{"own block", func() { mkBlock("p", 6, "w1", "10.64.0.192/27", "") }, "", "p-6"},
+	} {
+		step.do()
+		select {
+		case <-w.Changed():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no change signalled", step.name)
+		}
+		// The signal follows the cache's update.
+		snap, err := w.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := strings.Join(remotesString(snap.Remotes), "\n")
+		if step.want != "" && !strings.Contains(all, step.want) || step.gone != "" && strings.Contains(all, step.gone) {
+			t.Errorf("%s: remotes\n%s\nwant %q, not %q", step.name, all, step.want, step.gone)
+		}
+	}
+
+	// Events land on the Node object.
+	ev, err := NewNodeEvents(env.Config, "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Close()
+	ev.NodeWarning(snap.Nodes["w3"], ReasonNodeUnreachable, "1 of 2 blocks of node w3 have no direct route from this node: x")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var list corev1.EventList
+		if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+			t.Fatal(err)
+		}
+		found := slices.ContainsFunc(list.Items, func(e corev1.Event) bool {
+			return e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "w3" && e.Reason == ReasonNodeUnreachable &&
+				e.Type == corev1.EventTypeWarning && e.Source.Component == "skeind" && e.Source.Host == "w1"
+		})
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no NodeUnreachable event on Node w3: %+v", list.Items)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func drain(w *Watcher) {
+	for {
+		select {
+		case <-w.Changed():
+			time.Sleep(100 * time.Millisecond)
+		case <-time.After(300 * time.Millisecond):
+			return
+		}
+	}
+}
+
+func remotesString(rs []Remote) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Block.String()+" "+r.Name+" "+r.Node+" ["+joinAddrs(r.NodeAddrs)+"]")
+	}
+	return out
+}
