@@ -46,23 +46,25 @@ func restartNode(t testing.TB, cl *kubenode.Cluster, i int, mode routing.Mode) {
 	cl.Nodes[i] = kubenode.StartNode(t, cl.Kubeconfig, cl.Nodes[i].Name, kubenode.NodeOptions{NS: tn.NS, Args: modeArgs(tn, mode)})
 }
 
+// metric reads one series from n's /metrics (an error if absent).
+func metric(n *kubenode.Node, series string) (float64, error) {
+	v, err := kubenode.SampleErr(n.Metrics, series)
+	if err == nil && v == "" {
+		err = fmt.Errorf("%s: no %s in its metrics", n.Name, series)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseFloat(v, 64)
+}
+
 // memory is skeind's process RSS and Go heap in use, in MiB, from its
 // metrics.
 func memory(n *kubenode.Node) (rss, heap float64, err error) {
-	get := func(series string) (float64, error) {
-		v, err := kubenode.SampleErr(n.Metrics, series)
-		if err == nil && v == "" {
-			err = fmt.Errorf("%s: no %s in its metrics", n.Name, series)
-		}
-		if err != nil {
-			return 0, err
-		}
-		return strconv.ParseFloat(v, 64)
-	}
-	if rss, err = get("process_resident_memory_bytes"); err != nil {
+	if rss, err = metric(n, "process_resident_memory_bytes"); err != nil {
 		return 0, 0, err
 	}
-	if heap, err = get("go_memstats_heap_inuse_bytes"); err != nil {
+	if heap, err = metric(n, "go_memstats_heap_inuse_bytes"); err != nil {
 		return 0, 0, err
 	}
 	return rss / (1 << 20), heap / (1 << 20), nil

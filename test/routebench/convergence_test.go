@@ -21,7 +21,7 @@ import (
 var (
 	flagNodes   = flag.Int("nodes", 1000, "convergence: simulated nodes of the large case")
 	flagPerNode = flag.Int("blocks-per-node", 3, "convergence: AddressBlocks of each simulated node")
-	flagProbes  = flag.Int("probes", 50, "convergence: blocks created (one at a time) and timed in each phase")
+	flagProbes  = flag.Int("probes", 100, "convergence: blocks created (one at a time) and timed in each phase")
 	flagWorkers = flag.Int("workers", 32, "convergence: concurrent API creates of the simulated objects")
 )
 
@@ -48,6 +48,12 @@ type Phase struct {
 	// Memory of each skeind after the probes (MiB): RSS and Go heap in
 	// use, from its /metrics.
 	RSSMiB, HeapMiB []float64
+	// Each skeind's syncs during the phase (skein_route_sync_seconds):
+	// how many and their mean duration; and its remote blocks not routed
+	// at the end (skein_route_remote_blocks{state="missing"}).
+	Syncs      []float64
+	SyncMeanMs []float64
+	Missing    []float64
 }
 
 // ConvergenceResults is convergence.json.
@@ -141,6 +147,7 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 	phase := func(mode routing.Mode, simNodes int) {
 		p := &Phase{Mode: mode, SimNodes: simNodes, Routes: simNodes * *flagPerNode, Probes: *flagProbes}
 		var adds, dels []time.Duration
+		sum0, count0 := syncTotals(b, cl.Nodes)
 		for range *flagProbes {
 			idx := nextProbe
 			nextProbe++
@@ -166,6 +173,17 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 		}
 		p.AddP50ms, p.AddP99ms, p.AddMaxms = pctl(adds, 50)/1e3, pctl(adds, 99)/1e3, pctl(adds, 100)/1e3
 		p.DelP50ms, p.DelP99ms, p.DelMaxms = pctl(dels, 50)/1e3, pctl(dels, 99)/1e3, pctl(dels, 100)/1e3
+		sum1, count1 := syncTotals(b, cl.Nodes)
+		for i, n := range cl.Nodes {
+			syncs := count1[i] - count0[i]
+			p.Syncs = append(p.Syncs, syncs)
+			p.SyncMeanMs = append(p.SyncMeanMs, 1e3*(sum1[i]-sum0[i])/max(syncs, 1))
+			missing, err := metric(n, `skein_route_remote_blocks{state="missing"}`)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Missing = append(p.Missing, missing)
+		}
 		time.Sleep(2 * time.Second) // settle before the memory is read
 		for _, n := range cl.Nodes {
 			rss, heap, err := memory(n)
@@ -174,8 +192,8 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 			}
 			p.RSSMiB, p.HeapMiB = append(p.RSSMiB, rss), append(p.HeapMiB, heap)
 		}
-		b.Logf("%-6s %4d simulated nodes, %4d routes: add p50 %.1f p99 %.1f ms, delete p50 %.1f p99 %.1f ms, RSS %.1f MiB, heap %.1f MiB",
-			mode, simNodes, p.Routes, p.AddP50ms, p.AddP99ms, p.DelP50ms, p.DelP99ms, median(p.RSSMiB), median(p.HeapMiB))
+		b.Logf("%-6s %4d simulated nodes, %4d routes: add p50 %.1f p99 %.1f ms, delete p50 %.1f p99 %.1f ms, RSS %.1f MiB, heap %.1f MiB, sync mean %.1f ms, missing %v",
+			mode, simNodes, p.Routes, p.AddP50ms, p.AddP99ms, p.DelP50ms, p.DelP99ms, median(p.RSSMiB), median(p.HeapMiB), median(p.SyncMeanMs), p.Missing)
 		res.Phases = append(res.Phases, p)
 	}
 
@@ -212,6 +230,22 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 	if err := writeResults("convergence.json", res); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// syncTotals reads each node's skein_route_sync_seconds sum and count.
+func syncTotals(b *testing.B, nodes []*kubenode.Node) (sums, counts []float64) {
+	for _, n := range nodes {
+		s, err := metric(n, "skein_route_sync_seconds_sum")
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := metric(n, "skein_route_sync_seconds_count")
+		if err != nil {
+			b.Fatal(err)
+		}
+		sums, counts = append(sums, s), append(counts, c)
+	}
+	return sums, counts
 }
 
 // clearRouting removes from n what a routing mode installs (remote-block

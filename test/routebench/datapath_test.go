@@ -3,6 +3,7 @@ package routebench
 import (
 	"flag"
 	"net/netip"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -63,6 +64,9 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 		b.Skip("one run is the measurement: use -benchtime 1x")
 	}
 	harness.RequireRoot(b)
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		b.Fatalf("iperf3: %v (make deps installs it)", err)
+	}
 	res := &DatapathResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Command: command(),
 		LoadBefore: loadavg(), Reps: *flagReps, Seconds: *flagSeconds, RRSeconds: *flagRRSeconds, RRMessageBytes: rrMsg}
 

@@ -105,17 +105,20 @@ func convergenceReport(b *strings.Builder, r *ConvergenceResults) {
 	}
 	fmt.Fprintf(b, "%d real nodes (node namespaces on one veth underlay, each a real skeind --store kubernetes against "+
 		"a real kube-apiserver) and simulated nodes: Node objects with InternalIPs on the underlay subnet and %d "+
-		"AddressBlocks each, created through the API (no skeind runs for them). Each phase creates %d blocks of one "+
-		"more node, one at a time, through the API and times each from the create call until its route is in the kernel "+
+		"AddressBlocks each, created through the API (no skeind runs for them; their InternalIPs lie in "+
+		"%s, a second on-link prefix of the underlay segment on every real node). Each phase creates %d blocks of one "+
+		"more simulated node, one at a time, through the API and times each from the create call until its route is in the kernel "+
 		"of every real node (netlink route notifications, table %d, protocol %d), then deletes it and times until the "+
 		"route is gone from every node. Memory: each skeind's process_resident_memory_bytes and "+
-		"go_memstats_heap_inuse_bytes after the phase (the median of the %d nodes, min–max).\n\n",
-		r.RealNodes, r.BlocksPerNode, r.Phases[0].Probes, routing.DefaultTable, routing.DefaultProtocol, r.RealNodes)
-	fmt.Fprintf(b, "| mode | simulated nodes | remote routes held | create → route on every node p50 / p99 / max | delete → route gone p50 / p99 / max | skeind RSS | skeind Go heap in use |\n|---|---|---|---|---|---|---|\n")
+		"go_memstats_heap_inuse_bytes after the phase (the median of the %d nodes, min–max). Sync: skeind's "+
+		"skein_route_sync_seconds over the phase (mean per node: median, min–max; the median node's count), and "+
+		"skein_route_remote_blocks{state=\"missing\"} summed over the nodes at its end.\n\n",
+		r.RealNodes, r.BlocksPerNode, simUnderlay, r.Phases[0].Probes, routing.DefaultTable, routing.DefaultProtocol, r.RealNodes)
+	fmt.Fprintf(b, "| mode | simulated nodes | remote routes held | create → route on every node p50 / p99 / max | delete → route gone p50 / p99 / max | skeind RSS | skeind Go heap in use | sync mean (syncs) | blocks not routed |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range r.Phases {
-		fmt.Fprintf(b, "| %s | %d | %d | %.1f / %.1f / %.1f ms | %.1f / %.1f / %.1f ms | %s MiB | %s MiB |\n",
+		fmt.Fprintf(b, "| %s | %d | %d | %.1f / %.1f / %.1f ms | %.1f / %.1f / %.1f ms | %s MiB | %s MiB | %s ms (%.0f) | %.0f |\n",
 			p.Mode, p.SimNodes, p.Routes, p.AddP50ms, p.AddP99ms, p.AddMaxms, p.DelP50ms, p.DelP99ms, p.DelMaxms,
-			spread(p.RSSMiB), spread(p.HeapMiB))
+			spread(p.RSSMiB), spread(p.HeapMiB), spread(p.SyncMeanMs), median(p.Syncs), sumOf(p.Missing))
 	}
 	fmt.Fprintf(b, "\n")
 	worst := 0.0
@@ -133,6 +136,14 @@ func convergenceReport(b *strings.Builder, r *ConvergenceResults) {
 			"every route in every kernel after %.1f s (process start included).\n", r.ColdStartMode, r.SimNodes, r.ColdStartSeconds)
 	}
 	fmt.Fprintf(b, "\n")
+}
+
+func sumOf(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s
 }
 
 // spread is "median (min–max)".
