@@ -13,7 +13,7 @@ import (
 )
 
 var (
-	flagReps      = flag.Int("reps", 3, "datapath: repetitions of each row's throughput and latency measure (interleaved)")
+	flagReps      = flag.Int("reps", 5, "datapath: repetitions of each row's throughput and latency measure (interleaved)")
 	flagSeconds   = flag.Int("seconds", 5, "datapath: seconds of one iperf3 run (the first more is omitted as slow start)")
 	flagRRSeconds = flag.Float64("rr-seconds", 3, "datapath: seconds of one request/response run")
 )
