@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kubenode"
 	"github.com/skeinnet/skein/test/skeintest"
@@ -211,6 +212,18 @@ func TestRouteExportBIRD(t *testing.T) {
 		return blocks[name(j)]
 	}, freed)
 	t.Logf("the freed block left the other nodes' kernels %v after its node's export table", time.Since(began).Round(time.Millisecond))
+
+	// skeind reports BIRD's routes: every remote block installed, the
+	// freed one no longer listed. skeind looks at the kernel when it syncs
+	// — on a change of the API's blocks or nodes (here: the freed block),
+	// and at its periodic resync (30 s) — so this is checked after a
+	// change that followed BIRD's routes.
+	rc := newRouteCluster(t, cl, routing.ModeExport, false)
+	var names []string
+	for _, n := range cl.Nodes {
+		names = append(names, n.Name)
+	}
+	rc.converged(t, "skeind reporting BIRD's routes", names, everyone)
 	if failed := pingAll(t, pods[:2]); len(failed) > 0 {
 		t.Errorf("pod to pod across the remaining nodes after a block was freed:\n%s", strings.Join(failed, "\n"))
 	}
