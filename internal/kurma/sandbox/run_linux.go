@@ -83,6 +83,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return nil, err
 	}
 	// A warm init if one is ready (see pool), else a cold start.
+	defer s.pool.refill()
 	var wait func() error
 	if w := s.pool.take(); w != nil {
 		if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
