@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,8 @@ import (
 // not remove (its mounts follow the host's), and dies with skeind
 // (Pdeathsig) or when Close closes its spec pipe.
 
-// errStale: a warm init died while it waited; start cold instead.
+// errStale: a warm init died while it waited, or its copy of the host's
+// mounts lacks one made since (sandboxinit.Spec.Expect); start cold instead.
 var errStale = errors.New("warm sandbox init gone")
 
 type pool struct {
@@ -201,6 +203,9 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 		w.cmd.Wait()
 		join()
 		stopKill()
+		if strings.Contains(err.Error(), sandboxinit.StaleView) {
+			return nil, errStale
+		}
 		return nil, &Error{Path: is.Path, Err: err, ExitCode: -1}
 	}
 	return func() error {
