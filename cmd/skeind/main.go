@@ -21,9 +21,15 @@ import (
 	"github.com/skeinnet/skein/internal/daemon"
 	"github.com/skeinnet/skein/internal/docker"
 	"github.com/skeinnet/skein/internal/kubestore"
+	"github.com/skeinnet/skein/internal/kurma/sandbox"
 )
 
 func main() {
+	// Plugin sandboxes may re-execute this binary as their init (when
+	// skein-sandbox-init is not installed beside it): that process must
+	// become the init, not a second daemon. (Importing the package already
+	// ensures it; this line says so where a reader looks.)
+	sandbox.MaybeRunInit()
 	if err := newCommand().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "skeind:", err)
 		os.Exit(1)

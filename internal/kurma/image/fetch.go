@@ -1,0 +1,270 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// ErrDigestMismatch is wrapped by the error for content whose digest is
+// not the one the reference pinned.
+var ErrDigestMismatch = errors.New("digest mismatch")
+
+// unpackFunc writes an image into a.root; tmp is a scratch directory of
+// the same file system that is removed afterwards.
+type unpackFunc func(ctx context.Context, tmp string, a *applier) (meta, error)
+
+// resolved is a reference whose digest is known, and how to unpack it.
+type resolved struct {
+	digest v1.Hash
+	format Format
+	unpack unpackFunc
+}
+
+// resolve finds a reference's digest, fetching only what that takes: for
+// a pinned reference nothing, for a file archive its bytes (hashed), for a
+// layout directory its index, for a registry tag one manifest request.
+func (c *Cache) resolve(ctx context.Context, ref Ref) (resolved, error) {
+	switch ref.Scheme {
+	case SchemeFile:
+		return c.resolveFile(ref)
+	case SchemeHTTP:
+		return resolved{digest: ref.Digest, unpack: c.unpackHTTP(ref)}, nil
+	case SchemeDocker:
+		return c.resolveDocker(ctx, ref)
+	}
+	return resolved{}, fmt.Errorf("image %q: reference not parsed", ref.Original)
+}
+
+func (c *Cache) resolveFile(ref Ref) (resolved, error) {
+	fi, err := os.Stat(ref.Path)
+	if err != nil {
+		return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+	}
+	if fi.IsDir() {
+		p, err := layout.FromPath(ref.Path)
+		if err != nil {
+			return resolved{}, fmt.Errorf("image %q: not an OCI image layout: %w", ref.Original, err)
+		}
+		idx, err := p.ImageIndex()
+		if err != nil {
+			return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+		}
+		img, d, err := pickImage(idx, ref.Digest, "image "+ref.String())
+		if err != nil {
+			return resolved{}, err
+		}
+		return resolved{digest: d, format: FormatOCILayout, unpack: func(ctx context.Context, _ string, a *applier) (meta, error) {
+			return applyImage(ctx, img, a)
+		}}, nil
+	}
+	if ref.Pinned() {
+		// The digest is known: hash while unpacking only if not cached.
+		return resolved{digest: ref.Digest, unpack: func(ctx context.Context, tmp string, a *applier) (meta, error) {
+			d, err := fileDigest(ref.Path)
+			if err != nil {
+				return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
+			}
+			if d != ref.Digest {
+				return meta{}, fmt.Errorf("image %q: file has %s, want %s: %w", ref.Original, d, ref.Digest, ErrDigestMismatch)
+			}
+			return c.unpackArchive(ctx, ref.Path, tmp, a)
+		}}, nil
+	}
+	d, err := fileDigest(ref.Path)
+	if err != nil {
+		return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+	}
+	return resolved{digest: d, unpack: func(ctx context.Context, tmp string, a *applier) (meta, error) {
+		return c.unpackArchive(ctx, ref.Path, tmp, a)
+	}}, nil
+}
+
+func fileDigest(path string) (v1.Hash, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return v1.Hash{}, fmt.Errorf("hash %s: %w", path, err)
+	}
+	return v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// unpackArchive detects an archive's format and unpacks it.
+func (c *Cache) unpackArchive(ctx context.Context, path, tmp string, a *applier) (meta, error) {
+	format, err := detect(path, c.o.MaxEntries)
+	if err != nil {
+		return meta{}, err
+	}
+	var m meta
+	switch format {
+	case FormatDocker:
+		img, err := tarball.Image(func() (io.ReadCloser, error) { return openDecompressed(path) }, nil)
+		if err != nil {
+			return meta{}, fmt.Errorf("read docker archive: %w", err)
+		}
+		m, err = applyImage(ctx, img, a)
+		if err != nil {
+			return meta{}, err
+		}
+	case FormatOCIArchive:
+		m, err = c.unpackOCIArchive(ctx, path, tmp, a)
+		if err != nil {
+			return meta{}, err
+		}
+	case FormatACI:
+		rc, err := openDecompressed(path)
+		if err != nil {
+			return meta{}, err
+		}
+		defer rc.Close()
+		m, err = applyACI(ctx, rc, a)
+		if err != nil {
+			return meta{}, err
+		}
+	}
+	m.Format = format
+	return m, nil
+}
+
+// unpackOCIArchive unpacks the layout held by a tar into tmp (with the
+// same checks and caps as an image), then applies the image it holds.
+func (c *Cache) unpackOCIArchive(ctx context.Context, path, tmp string, a *applier) (meta, error) {
+	dir := filepath.Join(tmp, "layout")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return meta{}, err
+	}
+	defer os.RemoveAll(dir)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return meta{}, err
+	}
+	defer root.Close()
+	rc, err := openDecompressed(path)
+	if err != nil {
+		return meta{}, err
+	}
+	defer rc.Close()
+	la := newApplier(root, &limits{maxBytes: c.o.MaxDownload, maxEntries: c.o.MaxEntries, maxDepth: c.o.MaxDepth})
+	if err := applyTar(ctx, rc, la, false); err != nil {
+		return meta{}, fmt.Errorf("unpack oci archive: %w", err)
+	}
+	if err := la.finish(); err != nil {
+		return meta{}, err
+	}
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return meta{}, fmt.Errorf("oci archive: %w", err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		return meta{}, fmt.Errorf("oci archive: %w", err)
+	}
+	img, _, err := pickImage(idx, v1.Hash{}, "oci archive")
+	if err != nil {
+		return meta{}, err
+	}
+	return applyImage(ctx, img, a)
+}
+
+// unpackHTTP downloads the payload into tmp, checks its digest before
+// reading anything in it, then unpacks it as an archive.
+func (c *Cache) unpackHTTP(ref Ref) unpackFunc {
+	return func(ctx context.Context, tmp string, a *applier) (meta, error) {
+		payload := filepath.Join(tmp, "payload")
+		if err := c.download(ctx, ref, payload); err != nil {
+			return meta{}, err
+		}
+		defer os.Remove(payload)
+		return c.unpackArchive(ctx, payload, tmp, a)
+	}
+}
+
+func (c *Cache) download(ctx context.Context, ref Ref, dst string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ref.URL, nil)
+	if err != nil {
+		return fmt.Errorf("image %q: %w", ref.Original, err)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("image %q: %w", ref.Original, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("image %q: http status %s", ref.Original, resp.Status)
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(resp.Body, c.o.MaxDownload+1))
+	if err != nil {
+		return fmt.Errorf("image %q: download: %w", ref.Original, err)
+	}
+	if n > c.o.MaxDownload {
+		return fmt.Errorf("image %q: download passes %d bytes: %w", ref.Original, c.o.MaxDownload, ErrLimit)
+	}
+	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
+	if got != ref.Digest {
+		return fmt.Errorf("image %q: downloaded %s, want %s: %w", ref.Original, got, ref.Digest, ErrDigestMismatch)
+	}
+	return f.Close()
+}
+
+func (c *Cache) remoteOptions(ctx context.Context, ref Ref) []remote.Option {
+	opts := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithTransport(httpGuard{next: c.o.Transport, insecure: ref.Insecure}),
+		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+	}
+	if c.o.Keychain != nil {
+		opts = append(opts, remote.WithAuthFromKeychain(c.o.Keychain))
+	}
+	return opts
+}
+
+func (c *Cache) resolveDocker(ctx context.Context, ref Ref) (resolved, error) {
+	n := ref.Name
+	d := ref.Digest
+	if !ref.Pinned() {
+		// A tag (allowed by the config): one manifest request pins it.
+		desc, err := remote.Head(n, c.remoteOptions(ctx, ref)...)
+		if err != nil {
+			g, gerr := remote.Get(n, c.remoteOptions(ctx, ref)...)
+			if gerr != nil {
+				return resolved{}, fmt.Errorf("image %q: resolve tag: %w", ref.Original, err)
+			}
+			desc = &g.Descriptor
+		}
+		d = desc.Digest
+		n = n.Context().Digest(d.String())
+	}
+	return resolved{digest: d, format: FormatRegistry, unpack: func(ctx context.Context, _ string, a *applier) (meta, error) {
+		img, err := remote.Image(n, c.remoteOptions(ctx, ref)...)
+		if err != nil {
+			return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
+		}
+		m, err := applyImage(ctx, img, a)
+		if err != nil {
+			return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
+		}
+		return m, nil
+	}}, nil
+}

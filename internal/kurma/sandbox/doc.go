@@ -1,0 +1,90 @@
+// Package sandbox runs a network plugin's executables from an unpacked image
+// rootfs, the way the Kurma network contract calls them (/opt/network/add and
+// /opt/network/del with the config on stdin and the pod's netns path,
+// container UUID and interface name as arguments; the image's main exec for
+// the network's lifetime), with the containment Kurma left out.
+//
+// It owns three things: one sandboxed call (Sandbox.Run), the ordering and
+// concurrency of calls (Runner: parallel across pods, in order within one,
+// under a global cap) and the supervision of a main exec (Supervisor: restart
+// with backoff, a clear "down" error for callers, the tree killed on Close).
+//
+// # What a call sees
+//
+// Each call gets its own mount and PID namespaces and shares the host's
+// network, IPC and UTS namespaces (a plugin must configure the host side of
+// its links). Its filesystem, built before the executable starts:
+//
+//	/              the image rootfs, read-only (an overlay over it whose only
+//	               writes are the mount points below, so the image cache is
+//	               never modified, then remounted read-only)
+//	/proc          a fresh procfs of the call's PID namespace
+//	/sys           a fresh sysfs, read-only
+//	/dev           a small tmpfs: null, zero, full, random, urandom, tty and
+//	               the fd/stdin/stdout/stderr links
+//	/tmp, /run     tmpfs, writable, gone with the call
+//	/lib/modules   the host's, read-only, when the host has it
+//	<netns dir>    the directory holding the pod's netns path, at the same
+//	               path, so the argument works as given; read-only
+//	/var/lib/network  the network's state directory (host directory given
+//	               by the caller), writable and kept between calls
+//
+// The old root is detached after pivot_root, so nothing else of the host's
+// filesystem is reachable. Mount targets are resolved inside the new root
+// (openat2 RESOLVE_IN_ROOT), so a symlink in an image cannot aim a mount at
+// the host. Mount propagation: every host mount the call sees is a slave (a
+// host-side change, such as a pod's netns pin being removed, reaches the
+// call; nothing flows back) and every mount the call makes is private, so
+// nothing a sandbox does appears in the host's mount table. (Fully private
+// copies would be simpler, but a long-running main exec would then keep
+// every pod namespace pinned in its directory alive after the host removed
+// it.)
+//
+// A netns path under /proc (/proc/<pid>/ns/net, as Kurma's document shows)
+// is refused: the call's /proc belongs to its own PID namespace, where that
+// path means nothing, and such a path would change meaning when the process
+// exits anyway. Callers pin the namespace first (bind-mount it to a file)
+// and pass the pin.
+//
+// This is containment of a trusted plugin's mistakes and lifecycle, not a
+// security boundary: a plugin runs as root with every capability in the
+// host's network namespace, as the contract requires.
+//
+// # Processes
+//
+// The executable is the init (PID 1) of its PID namespace. When it exits,
+// or is killed at its timeout, the kernel kills everything it started, so a
+// forked helper never outlives its call. As an init it ignores signals it has
+// no handler for, except SIGKILL from outside, which is what the timeout and
+// Supervisor.Close (after a SIGTERM and a grace period) use. The whole tree
+// also gets SIGKILL if the process that started it (skeind) dies.
+//
+// Environment: PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+// and HOME=/, plus what the caller adds (Spec.Env); nothing of the daemon's
+// environment leaks in. Stdout is the result, capped (Options.StdoutLimit;
+// over it the call is killed and fails with ErrOutputTooLarge); stderr is
+// kept apart, its last Options.StderrLimit bytes returned for errors and
+// logs. A non-zero exit is an *Error carrying the exit status, stderr and the
+// CNI error object the plugin printed on stdout, if any.
+//
+// # Getting into the namespaces
+//
+// A multi-threaded Go process must not unshare its mount namespace, so a
+// call starts a fresh process with CLONE_NEWNS and CLONE_NEWPID: the init
+// (package sandboxinit), which builds the filesystem and execs the plugin.
+// The init is the dedicated binary skein-sandbox-init when it is installed
+// beside the running binary (it starts fastest), else the running binary
+// re-executed (/proc/self/exe). A re-executed binary recognises itself in
+// package sandboxinit's init function, before main, so a binary that imports
+// this package cannot forget the hook and start a second daemon instead;
+// MaybeRunInit is the same hook for a main or TestMain that wants to say so.
+//
+// Starting the init and creating its namespaces is most of a call's
+// overhead, so a Sandbox keeps a few inits started ahead of need
+// (Options.Prestart): each waits in its new namespaces for a spec on a
+// pipe, and a call that claims one pays only for the mounts. Its copy of
+// the host's mounts dates from its start, so the call's host paths are
+// checked by device and inode first; a mismatch (a netns pinned since in a
+// directory that does not propagate mounts) makes the call start cold.
+// Close stops them. The Supervisor's main execs always start cold.
+package sandbox

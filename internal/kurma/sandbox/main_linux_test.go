@@ -1,0 +1,276 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// pluginBin is the test plugin (testdata/plugin) built static for the run;
+// initBin is cmd/skein-sandbox-init, built the way make builds it.
+var pluginBin, initBin string
+
+func TestMain(m *testing.M) {
+	// The package's init already ran the hook; saying it here documents
+	// that this binary doubles as the sandbox init.
+	MaybeRunInit()
+	if raw := os.Getenv(parentEnv); raw != "" {
+		os.Exit(dyingParent(raw))
+	}
+	os.Exit(run(m))
+}
+
+// parentEnv makes the test binary a parent that starts a sandbox call (the
+// Spec in the variable, as JSON) and is SIGKILLed 500 ms later, as skeind
+// could be.
+const parentEnv = "SANDBOX_TEST_DYING_PARENT"
+
+func dyingParent(raw string) int {
+	var spec Spec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sb, err := New(Options{ScratchDir: os.Getenv(parentEnv + "_SCRATCH")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// Its warm inits must die with it too: say which they are.
+	for end := time.Now().Add(5 * time.Second); len(sb.pool.ready) < DefaultPrestart && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	sb.pool.mu.Lock()
+	for range len(sb.pool.ready) {
+		w := <-sb.pool.ready
+		fmt.Printf("warm %d\n", w.cmd.Process.Pid)
+		sb.pool.ready <- w
+	}
+	sb.pool.mu.Unlock()
+	time.AfterFunc(500*time.Millisecond, func() { syscall.Kill(os.Getpid(), syscall.SIGKILL) })
+	_, err = sb.Run(context.Background(), spec)
+	fmt.Fprintln(os.Stderr, "the call returned before the parent died:", err)
+	return 1
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "sandbox tests need root (mount and PID namespaces)")
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "sandbox-plugin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	pluginBin = filepath.Join(dir, "plugin")
+	initBin = filepath.Join(dir, DefaultInitName)
+	for bin, pkg := range map[string]string{pluginBin: "./testdata/plugin", initBin: "../../../cmd/skein-sandbox-init"} {
+		build := exec.Command("go", "build", "-trimpath", "-o", bin, pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 || pluginBin == "" {
+		t.Skip("needs root")
+	}
+}
+
+// env is one test's world: an image rootfs holding the test plugin, a state
+// directory, a scratch directory and a pinned pod namespace, all under the
+// test's temporary directory, plus the host mount table to compare at the
+// end.
+type testEnv struct {
+	dir, rootfs, state, netns string
+	sb                        *Sandbox
+	warm                      bool // calls must start from warm inits
+}
+
+func newEnv(t testing.TB, o Options) *testEnv {
+	t.Helper()
+	needRoot(t)
+	dir := t.TempDir()
+	e := &testEnv{dir: dir, rootfs: filepath.Join(dir, "rootfs"), state: filepath.Join(dir, "state"),
+		netns: filepath.Join(dir, "netns", "pod1")}
+	for _, p := range []string{"opt/network", "bin", "var"} {
+		if err := os.MkdirAll(filepath.Join(e.rootfs, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{"opt/network/add", "opt/network/del", "bin/main"} {
+		copyFile(t, pluginBin, filepath.Join(e.rootfs, p))
+	}
+	// As in Debian images: /var/run is an absolute link to /run.
+	if err := os.Symlink("/run", filepath.Join(e.rootfs, "var/run")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(e.state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Create(e.netns); err != nil {
+		t.Fatal(err)
+	}
+	if o.ScratchDir == "" {
+		o.ScratchDir = filepath.Join(dir, "scratch")
+	}
+	sb, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sb = sb
+	t.Cleanup(func() { sb.Close() })
+	before := mountTable(t)
+	t.Cleanup(func() {
+		assertMountsUnchanged(t, before, mountTable(t), dir)
+		if err := netns.Remove(e.netns); err != nil {
+			t.Error(err)
+		}
+	})
+	return e
+}
+
+func copyFile(t testing.TB, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// spec is a call of /opt/network/add with config cfg in the env's pod.
+func (e *testEnv) spec(cfg string) Spec {
+	p := Plugin{Rootfs: e.rootfs, Config: []byte(cfg), StateDir: e.state}
+	return p.Call(OpAdd, e.netns, "146d7cef-fbf6-41da-a2f8-eba218597f9c", "eth0")
+}
+
+func mountTable(t testing.TB) []string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// Drop the mount ID and parent ID: compare what is mounted where.
+		fields := strings.Fields(sc.Text())
+		lines = append(lines, strings.Join(fields[2:], " "))
+	}
+	return lines
+}
+
+// mountDiff is the lines only in a and the lines only in b that concern
+// the test (a mount point under dir, or the sandbox's own "skein-sandbox"
+// source), and the other differences (other programs on the machine mount
+// and unmount while the tests run).
+func mountDiff(a, b []string, dir string) (ours, foreign []string) {
+	concerns := func(l string) bool {
+		f := strings.Fields(l)
+		return len(f) > 2 && (strings.HasPrefix(f[2], dir) || strings.Contains(l, " skein-sandbox "))
+	}
+	add := func(l, sign string) {
+		if concerns(l) {
+			ours = append(ours, sign+l)
+		} else {
+			foreign = append(foreign, sign+l)
+		}
+	}
+	for _, l := range a {
+		if !slices.Contains(b, l) {
+			add(l, "-")
+		}
+	}
+	for _, l := range b {
+		if !slices.Contains(a, l) {
+			add(l, "+")
+		}
+	}
+	return ours, foreign
+}
+
+func assertMountsUnchanged(t testing.TB, before, after []string, dir string) {
+	t.Helper()
+	ours, foreign := mountDiff(before, after, dir)
+	if len(ours) > 0 {
+		t.Errorf("host mount table changed by the test:\n%s", strings.Join(ours, "\n"))
+	}
+	if len(foreign) > 0 {
+		t.Logf("mount table changes by other programs (ignored):\n%s", strings.Join(foreign, "\n"))
+	}
+}
+
+// processesWith lists the host processes whose command line contains token.
+func processesWith(t testing.TB, token string) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(b), token) {
+			continue
+		}
+		out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+	}
+	return out
+}
+
+// bothStarts runs f against a sandbox that starts every call cold and
+// against one that keeps warm inits (and makes every call take one).
+func bothStarts(t *testing.T, o Options, f func(t *testing.T, e *testEnv)) {
+	for _, warm := range []bool{false, true} {
+		name := map[bool]string{false: "cold", true: "warm"}[warm]
+		t.Run(name, func(t *testing.T) {
+			o := o
+			o.Prestart = map[bool]int{false: -1, true: 2}[warm]
+			e := newEnv(t, o)
+			e.warm = warm
+			f(t, e)
+		})
+	}
+}
+
+// run is e.sb.Run, checking the call started the way the env says: from a
+// warm init (waiting until one is ready) or cold.
+func (e *testEnv) run(t testing.TB, ctx context.Context, spec Spec) (*Result, error) {
+	t.Helper()
+	if e.warm {
+		for end := time.Now().Add(5 * time.Second); len(e.sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("no warm init ready after 5 s")
+			}
+		}
+	}
+	warm, cold := e.sb.pool.warm.Load(), e.sb.pool.cold.Load()
+	res, err := e.sb.Run(ctx, spec)
+	dw, dc := e.sb.pool.warm.Load()-warm, e.sb.pool.cold.Load()-cold
+	if e.warm && (dw != 1 || dc != 0) || !e.warm && (dw != 0 || dc != 1) {
+		t.Errorf("call started %d warm, %d cold; want it %s", dw, dc, map[bool]string{false: "cold", true: "warm"}[e.warm])
+	}
+	return res, err
+}

@@ -1,0 +1,233 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
+)
+
+// A cold start pays, on the call's path, for starting the init (fork, exec,
+// the Go runtime's start-up) and creating its namespaces: most of a
+// sandboxed call's overhead. So the Sandbox keeps a few inits started ahead
+// of need. Each waits in its fresh namespaces, its mounts already slaves of
+// the host's, for a spec on a pipe; a call claims one, sends the spec and
+// only pays for the mounts. Its replacement starts in the background once
+// the call is over. A waiting init holds nothing of the host that the host could
+// not remove (its mounts follow the host's), and dies with skeind
+// (Pdeathsig) or when Close closes its spec pipe.
+
+// errStale: a warm init died while it waited, or its copy of the host's
+// mounts lacks one made since (sandboxinit.Spec.Expect); start cold instead.
+var errStale = errors.New("warm sandbox init gone")
+
+type pool struct {
+	sb    *Sandbox
+	ready chan *warmInit
+
+	mu      sync.Mutex
+	filling bool
+	closed  bool
+	wg      sync.WaitGroup
+
+	// Calls started each way, for tests and metrics.
+	warm, cold atomic.Int64
+}
+
+// warmInit is an init waiting for its spec, with the parent's ends of its
+// pipes.
+type warmInit struct {
+	cmd                    *exec.Cmd
+	spec, stdin            *os.File // write ends
+	status, stdout, stderr *os.File // read ends
+}
+
+func newPool(sb *Sandbox, size int) *pool {
+	return &pool{sb: sb, ready: make(chan *warmInit, size)}
+}
+
+// take returns a ready warm init, or nil. The caller tops the pool up
+// (refill) once its call is over: a replacement started at once would
+// compete with the call for the CPUs.
+func (p *pool) take() *warmInit {
+	select {
+	case w := <-p.ready:
+		return w
+	default:
+		return nil
+	}
+}
+
+// refill starts warm inits in the background until the pool is full; one
+// filler at a time. A failed start ends the round; the next take tries
+// again.
+func (p *pool) refill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.filling || p.closed || cap(p.ready) == 0 || len(p.ready) == cap(p.ready) {
+		return
+	}
+	p.filling = true
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			p.mu.Lock()
+			if p.closed || len(p.ready) == cap(p.ready) {
+				p.filling = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			w, err := p.sb.prestart()
+			p.mu.Lock()
+			if err != nil || p.closed {
+				p.filling = false
+				p.mu.Unlock()
+				if w != nil {
+					w.discard()
+				}
+				return
+			}
+			p.ready <- w // only this filler adds, and there is room
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// close stops the filler and the waiting inits.
+func (p *pool) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.wg.Wait()
+	for {
+		select {
+		case w := <-p.ready:
+			w.discard()
+		default:
+			return
+		}
+	}
+}
+
+// prestart starts an init that waits for its spec.
+func (s *Sandbox) prestart() (w *warmInit, err error) {
+	// The child's ends are closed here once it has them (or on failure,
+	// with ours).
+	var childIn, childOut, childErr, childStatus, childSpec *os.File
+	w = &warmInit{}
+	defer func() {
+		for _, f := range []*os.File{childIn, childOut, childErr, childStatus, childSpec} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			w.closeFiles()
+		}
+	}()
+	for _, pp := range []struct{ r, w **os.File }{
+		{&childIn, &w.stdin}, {&w.stdout, &childOut}, {&w.stderr, &childErr},
+		{&w.status, &childStatus}, {&childSpec, &w.spec},
+	} {
+		if *pp.r, *pp.w, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("sandbox pipe: %w", err)
+		}
+	}
+	cmd := s.initCommand(context.Background(), sandboxinit.WarmEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, childErr
+	cmd.ExtraFiles = []*os.File{childStatus, childSpec} // fds 3 and 4
+	if err = startLocked(cmd); err != nil {
+		return nil, fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err)
+	}
+	w.cmd = cmd
+	return w, nil
+}
+
+// claim hands is to the waiting init, feeds it stdin and collects its
+// output, like a cold start: it returns once the executable runs, with the
+// function that waits for it; or an *Error wrapping ErrSetup; or errStale.
+// Cancelling ctx kills the tree.
+func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte, stdout, stderr io.Writer) (func() error, error) {
+	raw, err := json.Marshal(is)
+	if err != nil {
+		w.discard()
+		return nil, fmt.Errorf("encode sandbox spec: %w", err)
+	}
+	if _, err := w.spec.Write(raw); err != nil {
+		w.discard()
+		return nil, errStale
+	}
+	w.spec.Close()
+	stopKill := context.AfterFunc(ctx, func() { w.cmd.Process.Kill() })
+
+	var copies sync.WaitGroup
+	copies.Go(func() {
+		w.stdin.Write(stdin) // EPIPE when it never reads: fine
+		w.stdin.Close()
+	})
+	copyOut := func(dst io.Writer, src *os.File) {
+		io.Copy(dst, src)
+		src.Close()
+	}
+	copies.Go(func() { copyOut(stdout, w.stdout) })
+	copies.Go(func() { copyOut(stderr, w.stderr) })
+	// The tree dies with the init, so the pipes reach EOF at once; the
+	// bound only covers a kernel surprise, as WaitDelay does for cold
+	// starts.
+	join := func() {
+		done := make(chan struct{})
+		go func() { copies.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			w.stdout.Close()
+			w.stderr.Close()
+			<-done
+		}
+	}
+
+	err = awaitExec(w.status, ctx)
+	w.status.Close()
+	if err != nil {
+		w.cmd.Wait()
+		join()
+		stopKill()
+		if strings.Contains(err.Error(), sandboxinit.StaleView) {
+			return nil, errStale
+		}
+		return nil, &Error{Path: is.Path, Err: err, ExitCode: -1}
+	}
+	return func() error {
+		err := w.cmd.Wait()
+		join()
+		stopKill()
+		return err
+	}, nil
+}
+
+// discard ends a waiting init: an empty spec makes it exit.
+func (w *warmInit) discard() {
+	w.closeFiles()
+	if w.cmd != nil {
+		w.cmd.Wait()
+	}
+}
+
+func (w *warmInit) closeFiles() {
+	for _, f := range []*os.File{w.spec, w.stdin, w.status, w.stdout, w.stderr} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}

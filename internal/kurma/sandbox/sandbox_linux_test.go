@@ -1,0 +1,640 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+type probeReport struct {
+	Args          []string `json:"args"`
+	Env           []string `json:"env"`
+	PID           int      `json:"pid"`
+	Config        string   `json:"config"`
+	WriteRoot     string   `json:"writeRoot"`
+	MkdirRoot     string   `json:"mkdirRoot"`
+	WriteTmp      string   `json:"writeTmp"`
+	WriteRun      string   `json:"writeRun"`
+	WriteState    string   `json:"writeState"`
+	WriteSys      string   `json:"writeSys"`
+	WriteModules  string   `json:"writeModules"`
+	WriteDevNull  string   `json:"writeDevNull"`
+	WriteNetNSDir string   `json:"writeNetNSDir"`
+	Modules       []string `json:"modules"`
+	Procs         []string `json:"procs"`
+	Secret        *string  `json:"secret"`
+	NetNSErr      string   `json:"netnsErr"`
+	NetNSIno      uint64   `json:"netnsIno"`
+	NetNSDev      uint64   `json:"netnsDev"`
+	NetNSMagic    int64    `json:"netnsMagic"`
+	Mountinfo     string   `json:"mountinfo"`
+}
+
+// TestSandboxLayout runs a probe plugin and checks what it sees: the
+// contract's arguments and stdin, a minimal environment, PID 1 alone in its
+// /proc, a read-only image (and /sys, /lib/modules), writable /tmp, /run and
+// state directory, the pod's netns at the path given, nothing else of the
+// host, and an image cache left untouched.
+func TestSandboxLayout(t *testing.T) {
+	modules := filepath.Join(t.TempDir(), "modules")
+	os.MkdirAll(filepath.Join(modules, "6.1.0-test"), 0o755)
+	bothStarts(t, Options{ModulesDir: modules}, func(t *testing.T, e *testEnv) {
+		secret := filepath.Join(e.dir, "host-only-file")
+		os.WriteFile(secret, []byte("x"), 0o600)
+		cfg := `{"mode":"probe","secret":"` + secret + `","extra":{"kept":true}}`
+		spec := e.spec(cfg)
+		spec.Env = []string{"SKEIN_NETWORK=mynet", "HOME=/root"}
+
+		res, err := e.run(t, context.Background(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r probeReport
+		if err := json.Unmarshal(res.Stdout, &r); err != nil {
+			t.Fatalf("probe output: %v\n%s", err, res.Stdout)
+		}
+		wantArgs := []string{e.netns, "146d7cef-fbf6-41da-a2f8-eba218597f9c", "eth0"}
+		if !slices.Equal(r.Args, wantArgs) {
+			t.Errorf("args = %q, want %q", r.Args, wantArgs)
+		}
+		if r.Config != cfg {
+			t.Errorf("stdin = %q, want the config %q", r.Config, cfg)
+		}
+		wantEnv := []string{BaseEnv[0], "HOME=/root", "SKEIN_NETWORK=mynet"}
+		if !slices.Equal(r.Env, wantEnv) {
+			t.Errorf("environment = %q, want %q (BaseEnv, HOME overridden, one added)", r.Env, wantEnv)
+		}
+		if r.PID != 1 || !slices.Equal(r.Procs, []string{"1"}) {
+			t.Errorf("pid %d, processes in /proc %v; want pid 1 alone in a fresh /proc", r.PID, r.Procs)
+		}
+		for name, got := range map[string]string{"write to the image": r.WriteRoot, "mkdir in the image root": r.MkdirRoot,
+			"mkdir in /sys": r.WriteSys, "write to /lib/modules": r.WriteModules, "write to the netns directory": r.WriteNetNSDir} {
+			if !strings.Contains(got, "read-only file system") {
+				t.Errorf("%s: error %q, want read-only file system", name, got)
+			}
+		}
+		for name, got := range map[string]string{"/tmp": r.WriteTmp, "/run": r.WriteRun, "state directory": r.WriteState, "/dev/null": r.WriteDevNull} {
+			if got != "" {
+				t.Errorf("write to %s failed: %s", name, got)
+			}
+		}
+		if !slices.Equal(r.Modules, []string{"6.1.0-test"}) {
+			t.Errorf("/lib/modules lists %v, want the host's [6.1.0-test]", r.Modules)
+		}
+		if r.Secret == nil || !strings.Contains(*r.Secret, "no such file") {
+			t.Errorf("host file %s visible in the sandbox (stat error %v)", secret, r.Secret)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(e.netns, &st); err != nil {
+			t.Fatal(err)
+		}
+		if r.NetNSErr != "" || r.NetNSIno != st.Ino || r.NetNSDev != st.Dev || r.NetNSMagic != unix.NSFS_MAGIC {
+			t.Errorf("netns path inside: ino %d dev %d magic %#x err %q; want the pod's namespace (ino %d dev %d, nsfs)",
+				r.NetNSIno, r.NetNSDev, r.NetNSMagic, r.NetNSErr, st.Ino, st.Dev)
+		}
+		if b, err := os.ReadFile(filepath.Join(e.state, "written-146d7cef-fbf6-41da-a2f8-eba218597f9c")); err != nil || string(b) != "from the sandbox" {
+			t.Errorf("state file on the host: %q, %v", b, err)
+		}
+		if !strings.Contains(string(res.Stderr), "") || res.Duration <= 0 {
+			t.Errorf("result duration %v", res.Duration)
+		}
+		// The image cache is only read: no mount points, no files added.
+		var names []string
+		filepath.WalkDir(e.rootfs, func(p string, d os.DirEntry, err error) error {
+			rel, _ := filepath.Rel(e.rootfs, p)
+			names = append(names, rel)
+			return nil
+		})
+		want := []string{".", "bin", "bin/main", "opt", "opt/network", "opt/network/add", "opt/network/del", "var", "var/run"}
+		if !slices.Equal(names, want) {
+			t.Errorf("rootfs after the call holds %v, want it unchanged %v", names, want)
+		}
+		t.Logf("mounts inside the sandbox:\n%s", r.Mountinfo)
+	})
+}
+
+// TestDedicatedInit: the small init binary (cmd/skein-sandbox-init) does
+// what the re-executed test binary does; run by hand it refuses.
+func TestDedicatedInit(t *testing.T) {
+	e := newEnv(t, Options{InitPath: initBin})
+	res, err := e.sb.Run(context.Background(), e.spec(`{"mode":"probe"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r probeReport
+	if err := json.Unmarshal(res.Stdout, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.PID != 1 || !strings.Contains(r.WriteRoot, "read-only file system") || r.WriteState != "" {
+		t.Errorf("through %s: pid %d, image write %q, state write %q", initBin, r.PID, r.WriteRoot, r.WriteState)
+	}
+	out, err := exec.Command(initBin).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "skeind starts it, not people") {
+		t.Errorf("run by hand: %v, %s", err, out)
+	}
+}
+
+// TestHangKilledAtTimeout: a plugin that forks a grandchild (in its own
+// session) and hangs is killed at the timeout, the error says so, and no
+// process of it survives.
+func TestHangKilledAtTimeout(t *testing.T) {
+	bothStarts(t, Options{}, func(t *testing.T, e *testEnv) {
+		token := fmt.Sprintf("hang-token-%d-%d", os.Getpid(), time.Now().UnixNano())
+		spec := e.spec(`{"mode":"hang","token":"` + token + `"}`)
+		spec.Timeout = 1500 * time.Millisecond
+
+		// While the call runs, the grandchild must be there: otherwise the
+		// check after it proves nothing.
+		seen := make(chan []string, 1)
+		go func() {
+			deadline := time.Now().Add(spec.Timeout)
+			for time.Now().Before(deadline) {
+				if p := processesWith(t, token); len(p) > 0 {
+					seen <- p
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			seen <- nil
+		}()
+		begin := time.Now()
+		_, err := e.run(t, context.Background(), spec)
+		took := time.Since(begin)
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("err = %v, want ErrTimeout", err)
+		}
+		if took < spec.Timeout || took > spec.Timeout+2*time.Second {
+			t.Errorf("call took %v, want about the timeout %v", took, spec.Timeout)
+		}
+		var se *Error
+		if !errors.As(err, &se) || !strings.Contains(string(se.Stderr), "hanging") || !strings.Contains(err.Error(), "timed out after 1.5s") {
+			t.Errorf("error %q (stderr %q): want the timeout and the plugin's stderr", err, se.Stderr)
+		}
+		if p := <-seen; len(p) == 0 {
+			t.Fatal("the grandchild never showed up while the call ran")
+		} else {
+			t.Logf("while running: %v", p)
+		}
+		if p := processesWith(t, token); len(p) > 0 {
+			t.Errorf("processes survived the call: %v", p)
+		}
+	})
+}
+
+// TestParentDeathKillsTree: when the process that started a call dies
+// (skeind killed), the call's whole tree dies with it.
+func TestParentDeathKillsTree(t *testing.T) {
+	e := newEnv(t, Options{})
+	token := fmt.Sprintf("orphan-token-%d-%d", os.Getpid(), time.Now().UnixNano())
+	raw, err := json.Marshal(e.spec(`{"mode":"hang","token":"` + token + `"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := exec.Command(os.Args[0])
+	parent.Env = append(os.Environ(), parentEnv+"="+string(raw), parentEnv+"_SCRATCH="+e.sb.opts.ScratchDir)
+	var out, warm strings.Builder
+	parent.Stdout, parent.Stderr = &warm, &out
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for end := time.Now().Add(5 * time.Second); len(before) == 0 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		before = processesWith(t, token)
+	}
+	err = parent.Wait()
+	if ws, ok := parent.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("parent ended with %v, want SIGKILL; output %s", err, out.String())
+	}
+	if len(before) == 0 {
+		t.Fatal("the call's grandchild never showed up while the parent lived")
+	}
+	// The kernel delivers the parent-death signal as the parent exits;
+	// the namespace's init then takes the rest down. The warm inits the
+	// parent kept get the same signal.
+	var pids []string
+	for _, l := range strings.Split(strings.TrimSpace(warm.String()), "\n") {
+		if p, ok := strings.CutPrefix(l, "warm "); ok {
+			pids = append(pids, p)
+		}
+	}
+	if len(pids) != DefaultPrestart {
+		t.Errorf("the parent reported warm inits %v, want %d", pids, DefaultPrestart)
+	}
+	var left []string
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		left = processesWith(t, token)
+		for _, p := range pids {
+			// Gone, or a zombie waiting for init to reap it.
+			if b, err := os.ReadFile("/proc/" + p + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+				left = append(left, "warm init "+p)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+	}
+	t.Errorf("processes outlived their parent: %v", left)
+}
+
+// TestContextCancelKillsTree: cancelling the caller's context ends the call
+// the same way, with the context's error.
+func TestContextCancelKillsTree(t *testing.T) {
+	bothStarts(t, Options{}, func(t *testing.T, e *testEnv) {
+		token := fmt.Sprintf("cancel-token-%d-%d", os.Getpid(), time.Now().UnixNano())
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(500*time.Millisecond, cancel)
+		_, err := e.run(t, ctx, e.spec(`{"mode":"hang","token":"`+token+`"}`))
+		if !errors.Is(err, context.Canceled) || errors.Is(err, ErrTimeout) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if p := processesWith(t, token); len(p) > 0 {
+			t.Errorf("processes survived the call: %v", p)
+		}
+	})
+}
+
+// TestFailures: a crash, a CNI error, garbage and a missing executable each
+// give a clear *Error, with what the plugin said.
+func TestFailures(t *testing.T) {
+	bothStarts(t, Options{}, func(t *testing.T, e *testEnv) {
+		tests := []struct {
+			name, cfg, path string
+			is              error
+			code            int
+			want            []string // substrings of the error message
+			stderr          []string // substrings of the stderr kept
+			cniCode         uint
+		}{
+			{name: "crash", cfg: `{"mode":"crash"}`, is: ErrExit, code: 2,
+				want:   []string{"/opt/network/add: exit status 2; stderr: goroutine 1 [running]"},
+				stderr: []string{"about to crash", "panic: assignment to entry in nil map"}},
+			{name: "cni error", cfg: `{"mode":"cnierror"}`, is: ErrExit, code: 1, cniCode: 11,
+				want: []string{"exit status 1", "CNI error 11: no addresses left (pool p1)", "giving up"}},
+			{name: "garbage and failure", cfg: `{"mode":"garbage","n":5}`, is: ErrExit, code: 5,
+				want: []string{"exit status 5"}},
+			{name: "bad config", cfg: `not json`, is: ErrExit, code: 1, want: []string{"parse config"}},
+			{name: "missing executable", cfg: `{}`, path: "/opt/network/check", is: ErrSetup, code: -1,
+				want: []string{"/opt/network/check: sandbox setup failed: exec /opt/network/check: no such file or directory"}},
+			{name: "not executable", cfg: `{}`, path: "/opt/network", is: ErrSetup, code: -1,
+				want: []string{"exec /opt/network: permission denied"}},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				spec := e.spec(tt.cfg)
+				if tt.path != "" {
+					spec.Path = tt.path
+				}
+				_, err := e.run(t, context.Background(), spec)
+				var se *Error
+				if !errors.Is(err, tt.is) || !errors.As(err, &se) {
+					t.Fatalf("err = %v, want an *Error wrapping %v", err, tt.is)
+				}
+				if se.ExitCode != tt.code {
+					t.Errorf("exit code %d, want %d", se.ExitCode, tt.code)
+				}
+				for _, w := range tt.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q lacks %q", err, w)
+					}
+				}
+				for _, w := range tt.stderr {
+					if !strings.Contains(string(se.Stderr), w) {
+						t.Errorf("stderr %q lacks %q", se.Stderr, w)
+					}
+				}
+				if tt.cniCode != 0 && (se.CNI == nil || se.CNI.Code != tt.cniCode) {
+					t.Errorf("CNI error %+v, want code %d", se.CNI, tt.cniCode)
+				}
+				if tt.cniCode == 0 && se.CNI != nil {
+					t.Errorf("CNI error %+v parsed from output that holds none", se.CNI)
+				}
+			})
+		}
+	})
+}
+
+// TestOutputs: garbage on stdout with exit 0 comes back verbatim (judging
+// it is the caller's job); a flood on stderr is kept apart and capped to
+// its tail; stdout over the cap kills the call with ErrOutputTooLarge.
+func TestOutputs(t *testing.T) {
+	bothStarts(t, Options{StdoutLimit: 64 << 10, StderrLimit: 4 << 10}, func(t *testing.T, e *testEnv) {
+
+		res, err := e.run(t, context.Background(), e.spec(`{"mode":"garbage"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(res.Stdout) != "this is \x00 not \xff json {{{\n" {
+			t.Errorf("stdout = %q", res.Stdout)
+		}
+
+		res, err = e.run(t, context.Background(), e.spec(`{"mode":"stderr"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(res.Stdout) != `{"cniVersion":"1.1.0"}`+"\n" {
+			t.Errorf("stdout = %q, want the result alone", res.Stdout)
+		}
+		if !strings.HasSuffix(string(res.Stderr), "the last stderr line\n") || !strings.HasPrefix(string(res.Stderr), "[") ||
+			!strings.Contains(string(res.Stderr), "earlier bytes dropped]") || len(res.Stderr) > 4<<10+64 {
+			t.Errorf("stderr kept: %d bytes, starting %q; want the last 4 KiB, marked", len(res.Stderr), res.Stderr[:min(80, len(res.Stderr))])
+		}
+
+		begin := time.Now()
+		_, err = e.run(t, context.Background(), e.spec(`{"mode":"bigout"}`))
+		if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "stdout over the limit of 65536 bytes") {
+			t.Errorf("err = %v, want ErrOutputTooLarge", err)
+		}
+		if d := time.Since(begin); d > 5*time.Second {
+			t.Errorf("over-the-cap call took %v: it should be killed at once", d)
+		}
+	})
+}
+
+// TestBadSpecs: bad input is refused before anything runs.
+func TestBadSpecs(t *testing.T) {
+	e := newEnv(t, Options{})
+	notNS := filepath.Join(e.dir, "plain-file")
+	os.WriteFile(notNS, nil, 0o644)
+	tests := []struct {
+		name string
+		edit func(*Spec)
+		want string
+	}{
+		{"relative rootfs", func(s *Spec) { s.Rootfs = "rootfs" }, "rootfs \"rootfs\": want an absolute, clean path"},
+		{"missing rootfs", func(s *Spec) { s.Rootfs = e.dir + "/nope" }, "rootfs: stat"},
+		{"rootfs with comma", func(s *Spec) { s.Rootfs = e.dir + "/a,b" }, "must not contain ','"},
+		{"unclean path", func(s *Spec) { s.Path = "/opt/../opt/network/add" }, "want an absolute, clean path"},
+		{"netns under /proc", func(s *Spec) { s.NetNS = "/proc/1/ns/net" }, "pin the namespace"},
+		{"netns not a namespace", func(s *Spec) { s.NetNS = notNS }, "not a network namespace"},
+		{"missing netns", func(s *Spec) { s.NetNS = e.dir + "/gone" }, "does not exist"},
+		{"bad env", func(s *Spec) { s.Env = []string{"NOEQUALS"} }, "want KEY=VALUE"},
+		{"missing state dir", func(s *Spec) { s.StateDir = e.dir + "/nostate" }, "state directory: stat"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := e.spec(`{"mode":"ok"}`)
+			tt.edit(&spec)
+			_, err := e.sb.Run(context.Background(), spec)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestHostileImageLinks: an image whose directories are links aiming at the
+// host (absolute, and climbing with ..) gets its mount points inside the
+// image; the host directories stay untouched and the mounts still work.
+func TestHostileImageLinks(t *testing.T) {
+	e := newEnv(t, Options{})
+	canary := filepath.Join(e.dir, "host-canary")
+	os.Mkdir(canary, 0o755)
+	os.Mkdir(filepath.Join(e.rootfs, "var", "lib"), 0o755)
+	// /var/lib/network -> ../../../../..<canary>/state, /run -> <canary>/run
+	if err := os.Symlink("../../../../../../.."+canary+"/state", filepath.Join(e.rootfs, "var/lib/network")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(canary+"/run", filepath.Join(e.rootfs, "run")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.sb.Run(context.Background(), e.spec(`{"mode":"probe"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r probeReport
+	if err := json.Unmarshal(res.Stdout, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.WriteState != "" || r.WriteRun != "" {
+		t.Errorf("writes through the image's links failed: state %q, run %q", r.WriteState, r.WriteRun)
+	}
+	if _, err := os.Stat(filepath.Join(e.state, "written-146d7cef-fbf6-41da-a2f8-eba218597f9c")); err != nil {
+		t.Errorf("state write did not reach the state directory: %v", err)
+	}
+	if ents, _ := os.ReadDir(canary); len(ents) != 0 {
+		t.Errorf("host directory %s changed: %v", canary, ents)
+	}
+
+	// A link that leads through itself is a clear setup error.
+	if err := os.Symlink("/tmp/loop", filepath.Join(e.rootfs, "tmp")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.sb.Run(context.Background(), e.spec(`{"mode":"probe"}`))
+	if !errors.Is(err, ErrSetup) || !strings.Contains(err.Error(), "mount point /tmp") || !strings.Contains(err.Error(), "too many levels of symbolic links") {
+		t.Errorf("err = %v, want a setup error about the /tmp link loop", err)
+	}
+}
+
+// TestMountCheckCatchesLeaks: the mount-table comparison every test ends with
+// notices a mount left under the test's directory (so its silence means
+// something).
+func TestMountCheckCatchesLeaks(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	before := mountTable(t)
+	if err := unix.Mount("skein-sandbox", dir, "tmpfs", 0, "size=4k"); err != nil {
+		t.Fatal(err)
+	}
+	after := mountTable(t)
+	unix.Unmount(dir, syscall.MNT_DETACH)
+	ours, _ := mountDiff(before, after, dir)
+	if len(ours) != 1 || !strings.HasPrefix(ours[0], "+") {
+		t.Fatalf("diff = %v, want the one leaked mount", ours)
+	}
+}
+
+// TestRunnerRealCalls: 20 real sandboxed calls across 5 pods with a cap of
+// 4. The plugins themselves record (in the shared state directory) how many
+// run at once and the start and end of each call per pod.
+func TestRunnerRealCalls(t *testing.T) {
+	e := newEnv(t, Options{})
+	var pods []string
+	for i := range 5 {
+		p := filepath.Join(filepath.Dir(e.netns), fmt.Sprintf("pod-%d", i))
+		if err := netns.Create(p); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { netns.Remove(p) })
+		pods = append(pods, p)
+	}
+	r := NewRunner(e.sb, 4)
+	begin := time.Now()
+	errs := submit(t, r, 20, func(i int) (context.Context, string, Spec) {
+		pod, seq := i%5, i/5
+		uuid := fmt.Sprintf("00000000-0000-0000-0000-00000000000%d", pod)
+		p := Plugin{Rootfs: e.rootfs, StateDir: e.state,
+			Config: fmt.Appendf(nil, `{"mode":"sleep","ms":150,"pod":"%d","seq":%d}`, pod, seq)}
+		return context.Background(), uuid, p.Call(OpAdd, pods[pod], uuid, "eth0")
+	})
+	took := time.Since(begin)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(e.state, "concurrency"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := 0
+	for _, l := range strings.Fields(string(b)) {
+		n, _ := strconv.Atoi(l)
+		peak = max(peak, n)
+	}
+	if peak > 4 || peak < 2 {
+		t.Errorf("plugins saw up to %d calls running at once; want 2..4", peak)
+	}
+	for pod := range 5 {
+		b, err := os.ReadFile(filepath.Join(e.state, fmt.Sprintf("order-%d", pod)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "start 0\nend 0\nstart 1\nend 1\nstart 2\nend 2\nstart 3\nend 3\n"
+		if string(b) != want {
+			t.Errorf("pod %d calls ran as\n%s\nwant one at a time in order", pod, b)
+		}
+	}
+	t.Logf("20 calls of 150 ms, cap 4: %v (peak %d at once)", took, peak)
+}
+
+// TestWarmPool: the warm inits wait in namespaces of their own, are
+// replaced when taken, stand in for nothing when they died (the call starts
+// cold), and are gone after Close, after which calls still work.
+func TestWarmPool(t *testing.T) {
+	e := newEnv(t, Options{Prestart: 2})
+	e.warm = true
+	ready := func() []*warmInit {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); len(e.sb.pool.ready) < 2; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%d warm inits ready after 5 s, want 2", len(e.sb.pool.ready))
+			}
+		}
+		// Peek: take both and put them back, under the lock the filler
+		// checks the pool's length with.
+		e.sb.pool.mu.Lock()
+		defer e.sb.pool.mu.Unlock()
+		ws := []*warmInit{<-e.sb.pool.ready, <-e.sb.pool.ready}
+		e.sb.pool.ready <- ws[0]
+		e.sb.pool.ready <- ws[1]
+		return ws
+	}
+	self, _ := os.Readlink("/proc/self/ns/pid")
+	for _, w := range ready() {
+		own, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", w.cmd.Process.Pid))
+		if own == "" || own == self {
+			t.Errorf("warm init %d is in PID namespace %q, want a new one", w.cmd.Process.Pid, own)
+		}
+	}
+	if _, err := e.run(t, context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
+		t.Fatal(err)
+	}
+	ws := ready() // refilled
+
+	// Inits that died while waiting: the call starts cold and works.
+	for _, w := range ws {
+		w.cmd.Process.Kill()
+	}
+	time.Sleep(50 * time.Millisecond)
+	warm, cold := e.sb.pool.warm.Load(), e.sb.pool.cold.Load()
+	if _, err := e.sb.Run(context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
+		t.Fatalf("call after the warm inits died: %v", err)
+	}
+	if dw, dc := e.sb.pool.warm.Load()-warm, e.sb.pool.cold.Load()-cold; dw != 0 || dc != 1 {
+		t.Errorf("with a dead warm init the call started %d warm, %d cold; want cold", dw, dc)
+	}
+
+	ws = ready()
+	e.sb.Close()
+	for _, w := range ws {
+		if w.cmd.ProcessState == nil {
+			t.Errorf("warm init %d not waited for after Close", w.cmd.Process.Pid)
+		}
+	}
+	if n := len(e.sb.pool.ready); n != 0 {
+		t.Errorf("%d warm inits left after Close", n)
+	}
+	e.warm = false
+	if _, err := e.run(t, context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
+		t.Fatalf("call after Close: %v", err)
+	}
+}
+
+// TestWarmStaleView: a namespace pinned, after a warm init started, in a
+// directory whose mounts do not propagate is invisible to that init (its
+// copy of the host's mounts predates the pin). The call notices, starts
+// cold and sees the namespace; the next warm init sees it too.
+func TestWarmStaleView(t *testing.T) {
+	e := newEnv(t, Options{Prestart: -1})
+	priv := filepath.Join(e.dir, "private-netns")
+	if err := os.Mkdir(priv, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(priv, priv, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(priv, unix.MNT_DETACH) })
+	if err := unix.Mount("", priv, "", unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := New(Options{ScratchDir: filepath.Join(e.dir, "scratch2"), Prestart: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	for end := time.Now().Add(5 * time.Second); len(sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no warm init ready")
+		}
+	}
+	late := filepath.Join(priv, "late")
+	if err := netns.Create(late); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Remove(late) })
+	var st unix.Stat_t
+	if err := unix.Stat(late, &st); err != nil {
+		t.Fatal(err)
+	}
+	p := Plugin{Rootfs: e.rootfs, Config: []byte(`{"mode":"probe"}`), StateDir: e.state}
+	for i, want := range []string{"cold", "warm"} {
+		for end := time.Now().Add(5 * time.Second); len(sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("no warm init ready")
+			}
+		}
+		warm, cold := sb.pool.warm.Load(), sb.pool.cold.Load()
+		res, err := sb.Run(context.Background(), p.Call(OpAdd, late, "uuid", "eth0"))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		var r probeReport
+		if err := json.Unmarshal(res.Stdout, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.NetNSMagic != unix.NSFS_MAGIC || r.NetNSIno != st.Ino {
+			t.Errorf("call %d saw %s as magic %#x ino %d, want the namespace (ino %d)", i, late, r.NetNSMagic, r.NetNSIno, st.Ino)
+		}
+		got := "warm"
+		if sb.pool.cold.Load() > cold {
+			got = "cold"
+		}
+		if got != want || sb.pool.warm.Load()-warm+sb.pool.cold.Load()-cold != 1 {
+			t.Errorf("call %d started %s (warm +%d, cold +%d), want %s", i, got, sb.pool.warm.Load()-warm, sb.pool.cold.Load()-cold, want)
+		}
+	}
+}
