@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/skeinnet/skein/test/kube"
 	"testing"
 	"time"
 
@@ -82,7 +83,7 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 	}
 	harness.RequireRoot(b)
 	if !routingSupported(b) {
-		res := &ConvergenceResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Command: command(),
+		res := &ConvergenceResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: kube.Machine(), Command: command(),
 			Missing: []string{"everything: this skeind has no --routing flag"}}
 		if err := writeResults("convergence.json", res); err != nil {
 			b.Fatal(err)
@@ -93,7 +94,7 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 	if sims < smallSims || *flagPerNode < 1 || *flagProbes < 1 {
 		b.Fatalf("-nodes %d -blocks-per-node %d -probes %d: want at least %d nodes, one block, one probe", sims, *flagPerNode, *flagProbes, smallSims)
 	}
-	res := &ConvergenceResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Command: command(),
+	res := &ConvergenceResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: kube.Machine(), Command: command(),
 		LoadBefore: loadavg(), RealNodes: realNodes, SimNodes: sims, BlocksPerNode: *flagPerNode, Workers: *flagWorkers}
 	ctx := context.Background()
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/kubenode"
 )
 
@@ -67,7 +68,7 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		b.Fatalf("iperf3: %v (make deps installs it)", err)
 	}
-	res := &DatapathResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Command: command(),
+	res := &DatapathResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: kube.Machine(), Command: command(),
 		LoadBefore: loadavg(), Reps: *flagReps, Seconds: *flagSeconds, RRSeconds: *flagRRSeconds, RRMessageBytes: rrMsg}
 
 	// Baselines: two bare node namespaces on an underlay of their own
