@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/skeinnet/skein/test/kube"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/kubenode"
 )
 
