@@ -1095,6 +1095,437 @@ func (x *DaemonStatus) GetPools() []*Pool {
 	return nil
 }
 
+// PodNetwork asks for one network, with the interface it should get
+// (empty: the network's containerInterface template).
+type PodNetwork struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Network       string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	Ifname        string                 `protobuf:"bytes,2,opt,name=ifname,proto3" json:"ifname,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodNetwork) Reset() {
+	*x = PodNetwork{}
+	mi := &file_skein_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodNetwork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodNetwork) ProtoMessage() {}
+
+func (x *PodNetwork) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodNetwork.ProtoReflect.Descriptor instead.
+func (*PodNetwork) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PodNetwork) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *PodNetwork) GetIfname() string {
+	if x != nil {
+		return x.Ifname
+	}
+	return ""
+}
+
+type PodAttachRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`       // the pod's UUID
+	Netns         string                 `protobuf:"bytes,2,opt,name=netns,proto3" json:"netns,omitempty"` // its pinned network namespace
+	Networks      []*PodNetwork          `protobuf:"bytes,3,rep,name=networks,proto3" json:"networks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodAttachRequest) Reset() {
+	*x = PodAttachRequest{}
+	mi := &file_skein_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodAttachRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodAttachRequest) ProtoMessage() {}
+
+func (x *PodAttachRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodAttachRequest.ProtoReflect.Descriptor instead.
+func (*PodAttachRequest) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PodAttachRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PodAttachRequest) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *PodAttachRequest) GetNetworks() []*PodNetwork {
+	if x != nil {
+		return x.Networks
+	}
+	return nil
+}
+
+type PodRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodRef) Reset() {
+	*x = PodRef{}
+	mi := &file_skein_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodRef) ProtoMessage() {}
+
+func (x *PodRef) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodRef.ProtoReflect.Descriptor instead.
+func (*PodRef) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PodRef) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type PodAttachment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Network       string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	Ifname        string                 `protobuf:"bytes,2,opt,name=ifname,proto3" json:"ifname,omitempty"`
+	Image         string                 `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"` // empty for a skein pool network
+	Digest        string                 `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	Pool          string                 `protobuf:"bytes,5,opt,name=pool,proto3" json:"pool,omitempty"`
+	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`     // adding, attached, del-failed
+	Result        []byte                 `protobuf:"bytes,7,opt,name=result,proto3" json:"result,omitempty"`   // the CNI 1.1.0 result (JSON)
+	Error         string                 `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`     // the last del failure
+	Created       string                 `protobuf:"bytes,9,opt,name=created,proto3" json:"created,omitempty"` // RFC 3339
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodAttachment) Reset() {
+	*x = PodAttachment{}
+	mi := &file_skein_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodAttachment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodAttachment) ProtoMessage() {}
+
+func (x *PodAttachment) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodAttachment.ProtoReflect.Descriptor instead.
+func (*PodAttachment) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PodAttachment) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetIfname() string {
+	if x != nil {
+		return x.Ifname
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *PodAttachment) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PodAttachment) GetCreated() string {
+	if x != nil {
+		return x.Created
+	}
+	return ""
+}
+
+// PodSkipped is an optional network whose add failed.
+type PodSkipped struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Network       string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodSkipped) Reset() {
+	*x = PodSkipped{}
+	mi := &file_skein_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodSkipped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodSkipped) ProtoMessage() {}
+
+func (x *PodSkipped) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodSkipped.ProtoReflect.Descriptor instead.
+func (*PodSkipped) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PodSkipped) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *PodSkipped) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type PodStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Netns         string                 `protobuf:"bytes,2,opt,name=netns,proto3" json:"netns,omitempty"`
+	Attachments   []*PodAttachment       `protobuf:"bytes,3,rep,name=attachments,proto3" json:"attachments,omitempty"`
+	Skipped       []*PodSkipped          `protobuf:"bytes,4,rep,name=skipped,proto3" json:"skipped,omitempty"` // Attach only
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodStatus) Reset() {
+	*x = PodStatus{}
+	mi := &file_skein_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodStatus) ProtoMessage() {}
+
+func (x *PodStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodStatus.ProtoReflect.Descriptor instead.
+func (*PodStatus) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PodStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PodStatus) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *PodStatus) GetAttachments() []*PodAttachment {
+	if x != nil {
+		return x.Attachments
+	}
+	return nil
+}
+
+func (x *PodStatus) GetSkipped() []*PodSkipped {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+type PodList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pods          []*PodStatus           `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodList) Reset() {
+	*x = PodList{}
+	mi := &file_skein_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodList) ProtoMessage() {}
+
+func (x *PodList) ProtoReflect() protoreflect.Message {
+	mi := &file_skein_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodList.ProtoReflect.Descriptor instead.
+func (*PodList) Descriptor() ([]byte, []int) {
+	return file_skein_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PodList) GetPods() []*PodStatus {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
 var File_skein_proto protoreflect.FileDescriptor
 
 const file_skein_proto_rawDesc = "" +
@@ -1182,7 +1613,38 @@ const file_skein_proto_rawDesc = "" +
 	"\x05store\x18\x03 \x01(\tR\x05store\x12\x16\n" +
 	"\x06uptime\x18\x04 \x01(\tR\x06uptime\x12 \n" +
 	"\vattachments\x18\x05 \x01(\x04R\vattachments\x12$\n" +
-	"\x05pools\x18\x06 \x03(\v2\x0e.skein.v1.PoolR\x05pools2\xfe\x01\n" +
+	"\x05pools\x18\x06 \x03(\v2\x0e.skein.v1.PoolR\x05pools\">\n" +
+	"\n" +
+	"PodNetwork\x12\x18\n" +
+	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x16\n" +
+	"\x06ifname\x18\x02 \x01(\tR\x06ifname\"j\n" +
+	"\x10PodAttachRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05netns\x18\x02 \x01(\tR\x05netns\x120\n" +
+	"\bnetworks\x18\x03 \x03(\v2\x14.skein.v1.PodNetworkR\bnetworks\"\x18\n" +
+	"\x06PodRef\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xe1\x01\n" +
+	"\rPodAttachment\x12\x18\n" +
+	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x16\n" +
+	"\x06ifname\x18\x02 \x01(\tR\x06ifname\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\tR\x05image\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12\x12\n" +
+	"\x04pool\x18\x05 \x01(\tR\x04pool\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x16\n" +
+	"\x06result\x18\a \x01(\fR\x06result\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x12\x18\n" +
+	"\acreated\x18\t \x01(\tR\acreated\"<\n" +
+	"\n" +
+	"PodSkipped\x12\x18\n" +
+	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x9c\x01\n" +
+	"\tPodStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05netns\x18\x02 \x01(\tR\x05netns\x129\n" +
+	"\vattachments\x18\x03 \x03(\v2\x17.skein.v1.PodAttachmentR\vattachments\x12.\n" +
+	"\askipped\x18\x04 \x03(\v2\x14.skein.v1.PodSkippedR\askipped\"2\n" +
+	"\aPodList\x12'\n" +
+	"\x04pods\x18\x01 \x03(\v2\x13.skein.v1.PodStatusR\x04pods2\xfe\x01\n" +
 	"\x03CNI\x12/\n" +
 	"\x03Add\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply\x12/\n" +
 	"\x03Del\x12\x14.skein.v1.CNIRequest\x1a\x12.skein.v1.CNIReply\x121\n" +
@@ -1201,7 +1663,12 @@ const file_skein_proto_rawDesc = "" +
 	"\x0fListAttachments\x12\x1a.skein.v1.AttachmentFilter\x1a\x18.skein.v1.AttachmentList\x121\n" +
 	"\x06Status\x12\x0f.skein.v1.Empty\x1a\x16.skein.v1.DaemonStatus\x122\n" +
 	"\n" +
-	"ListRoutes\x12\x0f.skein.v1.Empty\x1a\x13.skein.v1.RouteListB#Z!github.com/skeinnet/skein/api/rpcb\x06proto3"
+	"ListRoutes\x12\x0f.skein.v1.Empty\x1a\x13.skein.v1.RouteList2\xcb\x01\n" +
+	"\x04Pods\x129\n" +
+	"\x06Attach\x12\x1a.skein.v1.PodAttachRequest\x1a\x13.skein.v1.PodStatus\x12+\n" +
+	"\x06Detach\x12\x10.skein.v1.PodRef\x1a\x0f.skein.v1.Empty\x12/\n" +
+	"\x06Status\x12\x10.skein.v1.PodRef\x1a\x13.skein.v1.PodStatus\x12*\n" +
+	"\x04List\x12\x0f.skein.v1.Empty\x1a\x11.skein.v1.PodListB#Z!github.com/skeinnet/skein/api/rpcb\x06proto3"
 
 var (
 	file_skein_proto_rawDescOnce sync.Once
@@ -1215,7 +1682,7 @@ func file_skein_proto_rawDescGZIP() []byte {
 	return file_skein_proto_rawDescData
 }
 
-var file_skein_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_skein_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_skein_proto_goTypes = []any{
 	(*CNIRequest)(nil),       // 0: skein.v1.CNIRequest
 	(*CNIReply)(nil),         // 1: skein.v1.CNIReply
@@ -1233,6 +1700,13 @@ var file_skein_proto_goTypes = []any{
 	(*Route)(nil),            // 13: skein.v1.Route
 	(*RouteList)(nil),        // 14: skein.v1.RouteList
 	(*DaemonStatus)(nil),     // 15: skein.v1.DaemonStatus
+	(*PodNetwork)(nil),       // 16: skein.v1.PodNetwork
+	(*PodAttachRequest)(nil), // 17: skein.v1.PodAttachRequest
+	(*PodRef)(nil),           // 18: skein.v1.PodRef
+	(*PodAttachment)(nil),    // 19: skein.v1.PodAttachment
+	(*PodSkipped)(nil),       // 20: skein.v1.PodSkipped
+	(*PodStatus)(nil),        // 21: skein.v1.PodStatus
+	(*PodList)(nil),          // 22: skein.v1.PodList
 }
 var file_skein_proto_depIdxs = []int32{
 	2,  // 0: skein.v1.CNIReply.error:type_name -> skein.v1.CNIError
@@ -1241,37 +1715,49 @@ var file_skein_proto_depIdxs = []int32{
 	11, // 3: skein.v1.AttachmentList.attachments:type_name -> skein.v1.Attachment
 	13, // 4: skein.v1.RouteList.routes:type_name -> skein.v1.Route
 	5,  // 5: skein.v1.DaemonStatus.pools:type_name -> skein.v1.Pool
-	0,  // 6: skein.v1.CNI.Add:input_type -> skein.v1.CNIRequest
-	0,  // 7: skein.v1.CNI.Del:input_type -> skein.v1.CNIRequest
-	0,  // 8: skein.v1.CNI.Check:input_type -> skein.v1.CNIRequest
-	0,  // 9: skein.v1.CNI.Status:input_type -> skein.v1.CNIRequest
-	0,  // 10: skein.v1.CNI.GC:input_type -> skein.v1.CNIRequest
-	5,  // 11: skein.v1.Admin.CreatePool:input_type -> skein.v1.Pool
-	4,  // 12: skein.v1.Admin.GetPool:input_type -> skein.v1.PoolRef
-	3,  // 13: skein.v1.Admin.ListPools:input_type -> skein.v1.Empty
-	4,  // 14: skein.v1.Admin.DeletePool:input_type -> skein.v1.PoolRef
-	7,  // 15: skein.v1.Admin.ListBlocks:input_type -> skein.v1.BlockFilter
-	10, // 16: skein.v1.Admin.ListAttachments:input_type -> skein.v1.AttachmentFilter
-	3,  // 17: skein.v1.Admin.Status:input_type -> skein.v1.Empty
-	3,  // 18: skein.v1.Admin.ListRoutes:input_type -> skein.v1.Empty
-	1,  // 19: skein.v1.CNI.Add:output_type -> skein.v1.CNIReply
-	1,  // 20: skein.v1.CNI.Del:output_type -> skein.v1.CNIReply
-	1,  // 21: skein.v1.CNI.Check:output_type -> skein.v1.CNIReply
-	1,  // 22: skein.v1.CNI.Status:output_type -> skein.v1.CNIReply
-	1,  // 23: skein.v1.CNI.GC:output_type -> skein.v1.CNIReply
-	5,  // 24: skein.v1.Admin.CreatePool:output_type -> skein.v1.Pool
-	5,  // 25: skein.v1.Admin.GetPool:output_type -> skein.v1.Pool
-	6,  // 26: skein.v1.Admin.ListPools:output_type -> skein.v1.PoolList
-	3,  // 27: skein.v1.Admin.DeletePool:output_type -> skein.v1.Empty
-	9,  // 28: skein.v1.Admin.ListBlocks:output_type -> skein.v1.BlockList
-	12, // 29: skein.v1.Admin.ListAttachments:output_type -> skein.v1.AttachmentList
-	15, // 30: skein.v1.Admin.Status:output_type -> skein.v1.DaemonStatus
-	14, // 31: skein.v1.Admin.ListRoutes:output_type -> skein.v1.RouteList
-	19, // [19:32] is the sub-list for method output_type
-	6,  // [6:19] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	16, // 6: skein.v1.PodAttachRequest.networks:type_name -> skein.v1.PodNetwork
+	19, // 7: skein.v1.PodStatus.attachments:type_name -> skein.v1.PodAttachment
+	20, // 8: skein.v1.PodStatus.skipped:type_name -> skein.v1.PodSkipped
+	21, // 9: skein.v1.PodList.pods:type_name -> skein.v1.PodStatus
+	0,  // 10: skein.v1.CNI.Add:input_type -> skein.v1.CNIRequest
+	0,  // 11: skein.v1.CNI.Del:input_type -> skein.v1.CNIRequest
+	0,  // 12: skein.v1.CNI.Check:input_type -> skein.v1.CNIRequest
+	0,  // 13: skein.v1.CNI.Status:input_type -> skein.v1.CNIRequest
+	0,  // 14: skein.v1.CNI.GC:input_type -> skein.v1.CNIRequest
+	5,  // 15: skein.v1.Admin.CreatePool:input_type -> skein.v1.Pool
+	4,  // 16: skein.v1.Admin.GetPool:input_type -> skein.v1.PoolRef
+	3,  // 17: skein.v1.Admin.ListPools:input_type -> skein.v1.Empty
+	4,  // 18: skein.v1.Admin.DeletePool:input_type -> skein.v1.PoolRef
+	7,  // 19: skein.v1.Admin.ListBlocks:input_type -> skein.v1.BlockFilter
+	10, // 20: skein.v1.Admin.ListAttachments:input_type -> skein.v1.AttachmentFilter
+	3,  // 21: skein.v1.Admin.Status:input_type -> skein.v1.Empty
+	3,  // 22: skein.v1.Admin.ListRoutes:input_type -> skein.v1.Empty
+	17, // 23: skein.v1.Pods.Attach:input_type -> skein.v1.PodAttachRequest
+	18, // 24: skein.v1.Pods.Detach:input_type -> skein.v1.PodRef
+	18, // 25: skein.v1.Pods.Status:input_type -> skein.v1.PodRef
+	3,  // 26: skein.v1.Pods.List:input_type -> skein.v1.Empty
+	1,  // 27: skein.v1.CNI.Add:output_type -> skein.v1.CNIReply
+	1,  // 28: skein.v1.CNI.Del:output_type -> skein.v1.CNIReply
+	1,  // 29: skein.v1.CNI.Check:output_type -> skein.v1.CNIReply
+	1,  // 30: skein.v1.CNI.Status:output_type -> skein.v1.CNIReply
+	1,  // 31: skein.v1.CNI.GC:output_type -> skein.v1.CNIReply
+	5,  // 32: skein.v1.Admin.CreatePool:output_type -> skein.v1.Pool
+	5,  // 33: skein.v1.Admin.GetPool:output_type -> skein.v1.Pool
+	6,  // 34: skein.v1.Admin.ListPools:output_type -> skein.v1.PoolList
+	3,  // 35: skein.v1.Admin.DeletePool:output_type -> skein.v1.Empty
+	9,  // 36: skein.v1.Admin.ListBlocks:output_type -> skein.v1.BlockList
+	12, // 37: skein.v1.Admin.ListAttachments:output_type -> skein.v1.AttachmentList
+	15, // 38: skein.v1.Admin.Status:output_type -> skein.v1.DaemonStatus
+	14, // 39: skein.v1.Admin.ListRoutes:output_type -> skein.v1.RouteList
+	21, // 40: skein.v1.Pods.Attach:output_type -> skein.v1.PodStatus
+	3,  // 41: skein.v1.Pods.Detach:output_type -> skein.v1.Empty
+	21, // 42: skein.v1.Pods.Status:output_type -> skein.v1.PodStatus
+	22, // 43: skein.v1.Pods.List:output_type -> skein.v1.PodList
+	27, // [27:44] is the sub-list for method output_type
+	10, // [10:27] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_skein_proto_init() }
@@ -1285,9 +1771,9 @@ func file_skein_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_skein_proto_rawDesc), len(file_skein_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   23,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_skein_proto_goTypes,
 		DependencyIndexes: file_skein_proto_depIdxs,

@@ -659,3 +659,237 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "skein.proto",
 }
+
+const (
+	Pods_Attach_FullMethodName = "/skein.v1.Pods/Attach"
+	Pods_Detach_FullMethodName = "/skein.v1.Pods/Detach"
+	Pods_Status_FullMethodName = "/skein.v1.Pods/Status"
+	Pods_List_FullMethodName   = "/skein.v1.Pods/List"
+)
+
+// PodsClient is the client API for Pods service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Pods attaches pods to the node's pod networks (skeind's podNetworks
+// config, internal/kurma): plugin images run the Kurma way, and skein's own
+// pools. Served on the same socket.
+type PodsClient interface {
+	// Attach adds the pod to the networks asked for (none: the defaults), in
+	// order; on failure the ones added by this call are removed again.
+	Attach(ctx context.Context, in *PodAttachRequest, opts ...grpc.CallOption) (*PodStatus, error)
+	// Detach removes all of the pod's networks; idempotent.
+	Detach(ctx context.Context, in *PodRef, opts ...grpc.CallOption) (*Empty, error)
+	// Status is the pod's record; NOT_FOUND when it has none.
+	Status(ctx context.Context, in *PodRef, opts ...grpc.CallOption) (*PodStatus, error)
+	// List returns every pod's record.
+	List(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*PodList, error)
+}
+
+type podsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPodsClient(cc grpc.ClientConnInterface) PodsClient {
+	return &podsClient{cc}
+}
+
+func (c *podsClient) Attach(ctx context.Context, in *PodAttachRequest, opts ...grpc.CallOption) (*PodStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PodStatus)
+	err := c.cc.Invoke(ctx, Pods_Attach_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *podsClient) Detach(ctx context.Context, in *PodRef, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Pods_Detach_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *podsClient) Status(ctx context.Context, in *PodRef, opts ...grpc.CallOption) (*PodStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PodStatus)
+	err := c.cc.Invoke(ctx, Pods_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *podsClient) List(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*PodList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PodList)
+	err := c.cc.Invoke(ctx, Pods_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PodsServer is the server API for Pods service.
+// All implementations must embed UnimplementedPodsServer
+// for forward compatibility.
+//
+// Pods attaches pods to the node's pod networks (skeind's podNetworks
+// config, internal/kurma): plugin images run the Kurma way, and skein's own
+// pools. Served on the same socket.
+type PodsServer interface {
+	// Attach adds the pod to the networks asked for (none: the defaults), in
+	// order; on failure the ones added by this call are removed again.
+	Attach(context.Context, *PodAttachRequest) (*PodStatus, error)
+	// Detach removes all of the pod's networks; idempotent.
+	Detach(context.Context, *PodRef) (*Empty, error)
+	// Status is the pod's record; NOT_FOUND when it has none.
+	Status(context.Context, *PodRef) (*PodStatus, error)
+	// List returns every pod's record.
+	List(context.Context, *Empty) (*PodList, error)
+	mustEmbedUnimplementedPodsServer()
+}
+
+// UnimplementedPodsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPodsServer struct{}
+
+func (UnimplementedPodsServer) Attach(context.Context, *PodAttachRequest) (*PodStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method Attach not implemented")
+}
+func (UnimplementedPodsServer) Detach(context.Context, *PodRef) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method Detach not implemented")
+}
+func (UnimplementedPodsServer) Status(context.Context, *PodRef) (*PodStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedPodsServer) List(context.Context, *Empty) (*PodList, error) {
+	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedPodsServer) mustEmbedUnimplementedPodsServer() {}
+func (UnimplementedPodsServer) testEmbeddedByValue()              {}
+
+// UnsafePodsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PodsServer will
+// result in compilation errors.
+type UnsafePodsServer interface {
+	mustEmbedUnimplementedPodsServer()
+}
+
+func RegisterPodsServer(s grpc.ServiceRegistrar, srv PodsServer) {
+	// If the following call panics, it indicates UnimplementedPodsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Pods_ServiceDesc, srv)
+}
+
+func _Pods_Attach_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PodAttachRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PodsServer).Attach(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pods_Attach_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PodsServer).Attach(ctx, req.(*PodAttachRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Pods_Detach_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PodRef)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PodsServer).Detach(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pods_Detach_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PodsServer).Detach(ctx, req.(*PodRef))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Pods_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PodRef)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PodsServer).Status(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pods_Status_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PodsServer).Status(ctx, req.(*PodRef))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Pods_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PodsServer).List(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Pods_List_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PodsServer).List(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Pods_ServiceDesc is the grpc.ServiceDesc for Pods service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Pods_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "skein.v1.Pods",
+	HandlerType: (*PodsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Attach",
+			Handler:    _Pods_Attach_Handler,
+		},
+		{
+			MethodName: "Detach",
+			Handler:    _Pods_Detach_Handler,
+		},
+		{
+			MethodName: "Status",
+			Handler:    _Pods_Status_Handler,
+		},
+		{
+			MethodName: "List",
+			Handler:    _Pods_List_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "skein.proto",
+}

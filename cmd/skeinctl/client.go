@@ -20,6 +20,13 @@ import (
 // --timeout, and turns a failure into a message for the operator. Each
 // skeinctl invocation makes its calls over one connection, closed on return.
 func (a *app) withAdmin(ctx context.Context, call func(context.Context, rpc.AdminClient) error) error {
+	return a.withConn(ctx, a.timeout, func(ctx context.Context, conn *grpc.ClientConn) error {
+		return call(ctx, rpc.NewAdminClient(conn))
+	})
+}
+
+// withConn is withAdmin for any of skeind's services, bounded by timeout.
+func (a *app) withConn(ctx context.Context, timeout time.Duration, call func(context.Context, *grpc.ClientConn) error) error {
 	// The socket path goes to the dialer as is, not through a "unix://"
 	// target, so no path needs URL escaping and relative paths work.
 	socket := a.socket
@@ -35,10 +42,10 @@ func (a *app) withAdmin(ctx context.Context, call func(context.Context, rpc.Admi
 	}
 	defer conn.Close()
 
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := call(ctx, rpc.NewAdminClient(conn)); err != nil {
-		return a.explain(ctx, err)
+	if err := call(ctx, conn); err != nil {
+		return a.explain(ctx, timeout, err)
 	}
 	return nil
 }
@@ -46,7 +53,7 @@ func (a *app) withAdmin(ctx context.Context, call func(context.Context, rpc.Admi
 // explain turns an error from a call into what the operator should read:
 // the daemon's own message for errors it returned, and a plain sentence for
 // failures to reach it at all.
-func (a *app) explain(ctx context.Context, err error) error {
+func (a *app) explain(ctx context.Context, timeout time.Duration, err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
 		return err
@@ -59,7 +66,7 @@ func (a *app) explain(ctx context.Context, err error) error {
 	if deadlinePassed(ctx) {
 		switch st.Code() {
 		case codes.DeadlineExceeded, codes.Canceled, codes.Internal:
-			return fmt.Errorf("skeind at %s did not answer within %s", a.socket, a.timeout)
+			return fmt.Errorf("skeind at %s did not answer within %s", a.socket, timeout)
 		}
 	}
 	switch st.Code() {

@@ -77,7 +77,7 @@ func (a *app) rootCmd() *cobra.Command {
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "how long to wait for skeind")
 
-	root.AddCommand(a.poolCmd(), a.blockCmd(), a.attachmentCmd(), a.routeCmd(), a.statusCmd())
+	root.AddCommand(a.poolCmd(), a.blockCmd(), a.attachmentCmd(), a.podCmd(), a.routeCmd(), a.statusCmd())
 	return root
 }
 

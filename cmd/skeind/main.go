@@ -115,6 +115,11 @@ func newCommand() *cobra.Command {
 
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			// SIGHUP reloads the pod networks; caught from the start so
+			// that an early one does not kill the daemon.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			if final.Store, err = kf.openStore(ctx, final); err != nil {
 				return err
 			}
@@ -152,6 +157,7 @@ func newCommand() *cobra.Command {
 					return err
 				}
 			}
+			go reloadOnHUP(ctx, hup, d, cfgFile, log)
 			return d.Serve(ctx)
 		},
 	}
@@ -220,6 +226,30 @@ func loadConfig(path string) (daemon.Config, error) {
 		return c, fmt.Errorf("config file %s: unexpected data after the JSON object that ends at byte %d", path, end)
 	}
 	return c, nil
+}
+
+// reloadOnHUP re-reads the config file on every SIGHUP and applies its pod
+// networks; a file that does not load or networks that do not validate are
+// logged and the running ones kept. (The rest of the file needs a restart.)
+func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, d *daemon.Daemon, cfgFile string, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		if cfgFile == "" {
+			log.Warn("SIGHUP: no --config file to reload")
+			continue
+		}
+		c, err := loadConfig(cfgFile)
+		if err == nil {
+			err = d.ReloadPodNetworks(c)
+		}
+		if err != nil {
+			log.Error("SIGHUP: pod networks not reloaded; the running ones stay", "config", cfgFile, "err", err)
+		}
+	}
 }
 
 // serveDocker starts the Docker front door on the daemon's store, IPAM and

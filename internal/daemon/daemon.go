@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
 	"github.com/skeinnet/skein/internal/keylock"
+	"github.com/skeinnet/skein/internal/kurma"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/unixsock"
@@ -54,6 +56,12 @@ type Config struct {
 	Dataplane dataplane.Config `json:"dataplane"`
 	// Pools are created at start when absent.
 	Pools []PoolSpec `json:"pools,omitempty"`
+	// PodNetworks is the list of Kurma-style pod networks (package
+	// internal/kurma documents an entry); PodNetworksAlias is the same
+	// list under Kurma's documented key pod_networks. Empty: none. Only
+	// this part of the config is reloaded on SIGHUP.
+	PodNetworks      json.RawMessage `json:"podNetworks,omitempty"`
+	PodNetworksAlias json.RawMessage `json:"pod_networks,omitempty"`
 	// Routing between nodes; zero values per RoutingConfig. The daemon
 	// reads only Mode (ListRoutes without Routes); skeind builds the
 	// routing from it.
@@ -92,6 +100,7 @@ type Daemon struct {
 	dpConfig dataplane.Config
 	locks    keylock.Locks
 	adds     inflight
+	pods     *kurma.Manager
 	// hostNS: namespaces no pod may be plumbed into (checkPodNetNS).
 	hostNS  map[netns.ID]string
 	metrics *metrics
@@ -182,9 +191,13 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	if err := d.startPods(ctx); err != nil {
+		return nil, fmt.Errorf("pod networks: %w", err)
+	}
 	d.grpc = grpc.NewServer()
 	rpc.RegisterCNIServer(d.grpc, &cniServer{d: d})
 	rpc.RegisterAdminServer(d.grpc, &adminServer{d: d})
+	rpc.RegisterPodsServer(d.grpc, &podsServer{d: d})
 	return d, nil
 }
 
@@ -307,6 +320,9 @@ func (d *Daemon) Close() error {
 	}
 	for i := len(d.onStop) - 1; i >= 0; i-- {
 		d.onStop[i]()
+	}
+	if d.pods != nil {
+		d.pods.Close()
 	}
 	if d.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

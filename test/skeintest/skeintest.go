@@ -222,6 +222,14 @@ func (d *Daemon) signal(t testing.TB, sig syscall.Signal) {
 	}
 }
 
+// Signal sends sig to the running skeind without waiting (SIGHUP: reload).
+func (d *Daemon) Signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal skeind: %v", err)
+	}
+}
+
 // Log returns what skeind has logged since its last start.
 func (d *Daemon) Log() string { return d.log.String() }
 

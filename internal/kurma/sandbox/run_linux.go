@@ -35,6 +35,14 @@ func New(o Options) (*Sandbox, error) {
 	if err := absClean("scratch directory", o.ScratchDir); err != nil {
 		return nil, err
 	}
+	if o.NodeNetNS != "" {
+		if err := absClean("node netns", o.NodeNetNS); err != nil {
+			return nil, err
+		}
+		if err := netns.IsNetNS(o.NodeNetNS); err != nil {
+			return nil, fmt.Errorf("sandbox node netns: %w", err)
+		}
+	}
 	if err := os.MkdirAll(o.ScratchDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox scratch directory: %w", err)
 	}
@@ -258,6 +266,9 @@ func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 		Args:    spec.Args,
 		Env:     env(spec.Env),
 		TmpSize: s.opts.TmpSize,
+		// The node's namespace stays pinned by its path for the
+		// sandbox's life; a missing one fails the call's setup.
+		NodeNetNS: s.opts.NodeNetNS,
 	}
 	if spec.NetNS != "" {
 		if err := netns.IsNetNS(spec.NetNS); err != nil {

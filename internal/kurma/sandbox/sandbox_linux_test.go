@@ -42,6 +42,8 @@ type probeReport struct {
 	NetNSDev      uint64   `json:"netnsDev"`
 	NetNSMagic    int64    `json:"netnsMagic"`
 	Mountinfo     string   `json:"mountinfo"`
+	SelfNetIno    uint64   `json:"selfNetIno"`
+	SysLinks      []string `json:"sysLinks"`
 }
 
 // TestSandboxLayout runs a probe plugin and checks what it sees: the

@@ -62,6 +62,11 @@ type Options struct {
 	// the namespace creation off the call's path). Default
 	// DefaultPrestart; negative: none, every call starts cold.
 	Prestart int
+	// NodeNetNS is the path of the node's network namespace, which every
+	// call (and main exec) enters before its executable starts, when the
+	// daemon itself runs outside it (skeind --node-netns; tests). Empty:
+	// calls share the network namespace of the process that starts them.
+	NodeNetNS string
 }
 
 func (o Options) withDefaults() Options {

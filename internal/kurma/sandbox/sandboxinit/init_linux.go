@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -49,6 +50,7 @@ type Spec struct {
 	StateMount string   `json:"stateMount,omitempty"` // where StateDir appears
 	ModulesDir string   `json:"modulesDir,omitempty"` // bound read-only at /lib/modules
 	TmpSize    int64    `json:"tmpSize"`              // bytes, for /tmp and /run
+	NodeNetNS  string   `json:"nodeNetNS,omitempty"`  // network namespace to enter first ("" = the one inherited)
 	// Expect are host paths as the sandbox saw them. A warm init copied
 	// the host's mounts when it started; a mount made since in a directory
 	// without shared propagation (a netns pinned there, say) did not reach
@@ -155,6 +157,23 @@ func reportSetup(err error) {
 func (s *Spec) enter() error {
 	unix.CloseOnExec(ErrFD)
 	unix.Umask(0)
+
+	// Step 1b: the node's network namespace, when the daemon runs outside
+	// it. A network namespace belongs to a thread: this one stays locked
+	// until exec, which keeps the calling thread's namespaces. Entered
+	// before /sys is mounted, so the sysfs shows the node's devices.
+	if s.NodeNetNS != "" {
+		runtime.LockOSThread()
+		fd, err := unix.Open(s.NodeNetNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open node netns %s: %w", s.NodeNetNS, err)
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("enter node netns %s: %w", s.NodeNetNS, err)
+		}
+	}
 
 	// Step 2: scaffolding on the scratch directory: a tiny tmpfs holding an
 	// overlay over the image. The overlay's only writes are the mount points

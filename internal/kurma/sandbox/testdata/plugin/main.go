@@ -219,6 +219,17 @@ func probe(raw []byte) {
 			r["netnsMagic"] = fs.Type
 		}
 	}
+	var self syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/net", &self); err == nil {
+		r["selfNetIno"] = self.Ino
+	}
+	if ents, err := os.ReadDir("/sys/class/net"); err == nil {
+		var links []string
+		for _, e := range ents {
+			links = append(links, e.Name())
+		}
+		r["sysLinks"] = links
+	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	r["mountinfo"] = string(mounts)
 	json.NewEncoder(os.Stdout).Encode(r)

@@ -1,0 +1,668 @@
+package kurma
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/skeinnet/skein/internal/keylock"
+	"github.com/skeinnet/skein/internal/kurma/image"
+	"github.com/skeinnet/skein/internal/kurma/sandbox"
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrUnknownPod: no record of the pod (Status).
+	ErrUnknownPod = errors.New("no pod networks recorded for this pod")
+	// ErrBadRequest: the request is invalid (unknown network, bad name,
+	// duplicate interface, ...); nothing was changed.
+	ErrBadRequest = errors.New("bad pod network request")
+	// ErrNoPools: a built-in skein network was asked for but the Manager
+	// has no Pools.
+	ErrNoPools = errors.New("no skein pools to serve built-in networks")
+)
+
+// PoolRequest asks skeind for one interface from one of its pools: a
+// built-in ("type":"skein") pod network.
+type PoolRequest struct {
+	Network     string
+	Pool        string
+	ContainerID string
+	NetNS       string
+	IfName      string
+}
+
+// Pools is skeind's own attach path, serving built-in networks.
+type Pools interface {
+	// AttachPool plumbs the interface and returns its CNI result (any
+	// version; it is converted). On error nothing is left.
+	AttachPool(ctx context.Context, r PoolRequest) (json.RawMessage, error)
+	// DetachPool removes it; nil when already gone.
+	DetachPool(ctx context.Context, r PoolRequest) error
+}
+
+// Options configure a Manager. Zero values are documented per field.
+type Options struct {
+	// Store keeps the pod records (Meta bucket MetaKind). Required.
+	Store store.Store
+	// Images is the plugin image cache. Required for image networks.
+	Images *image.Cache
+	// Sandbox runs plugin executables. Nil: one is made from
+	// SandboxOptions when the first image network is used (so a daemon
+	// without image networks starts no sandbox inits), closed by Close.
+	Sandbox *sandbox.Sandbox
+	// SandboxOptions make the Sandbox when it is nil.
+	SandboxOptions sandbox.Options
+	// MaxParallel caps plugin calls running at once (all pods).
+	// Default sandbox.DefaultMaxParallel.
+	MaxParallel int
+	// StateDir holds one writable state directory per network
+	// (<StateDir>/<name>, at /var/lib/network in the plugin). Required.
+	StateDir string
+	// Pools serves built-in networks; nil: they fail with ErrNoPools.
+	Pools Pools
+	// Logger; nil = slog.Default().
+	Logger *slog.Logger
+	// LinkNames lists the interfaces of a network namespace (to keep
+	// rendered names unique); nil = netlink.
+	LinkNames func(netns string) ([]string, error)
+}
+
+// Manager attaches pods to pod networks and detaches them. Its methods are
+// safe for concurrent use: calls for one pod run one at a time, in the
+// order they arrive; pods proceed in parallel.
+type Manager struct {
+	st       store.Store
+	images   *image.Cache
+	sbOpts   sandbox.Options
+	parallel int
+	sbOnce   sync.Once
+	sbOwned  bool
+	sb       *sandbox.Sandbox
+	runner   *sandbox.Runner
+	sbErr    error
+	state    string
+	pools    Pools
+	log      *slog.Logger
+	links    func(string) ([]string, error)
+	locks    keylock.Locks
+
+	mu     sync.Mutex
+	nets   []Network
+	active map[string]*netState // by network name: running main exec etc.
+}
+
+// netState is a configured image network in use: its image held and its
+// main exec supervised for as long as it stays in the config unchanged.
+type netState struct {
+	raw     json.RawMessage
+	img     image.Image
+	release func()
+	sv      *sandbox.Supervisor
+}
+
+// NewManager returns a Manager with no networks (see SetNetworks).
+func NewManager(o Options) (*Manager, error) {
+	if o.Store == nil {
+		return nil, errors.New("kurma manager: no store")
+	}
+	if o.StateDir == "" || !filepath.IsAbs(o.StateDir) {
+		return nil, fmt.Errorf("kurma manager: state directory %q: want an absolute path", o.StateDir)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.LinkNames == nil {
+		o.LinkNames = linkNames
+	}
+	m := &Manager{
+		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
+		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, active: map[string]*netState{},
+	}
+	return m, nil
+}
+
+// sandbox returns the Sandbox and the Runner over it, making them on first
+// use.
+func (m *Manager) sandbox() (*sandbox.Sandbox, *sandbox.Runner, error) {
+	m.sbOnce.Do(func() {
+		if m.sb == nil {
+			m.sb, m.sbErr = sandbox.New(m.sbOpts)
+			m.sbOwned = m.sbErr == nil
+		}
+		if m.sbErr == nil {
+			m.runner = sandbox.NewRunner(m.sb, m.parallel)
+		}
+	})
+	return m.sb, m.runner, m.sbErr
+}
+
+// SetNetworks replaces the configured networks (start-up and reload).
+// Networks removed or changed stop their main exec; pods attached to them
+// keep their records, and their del still runs from those.
+func (m *Manager) SetNetworks(nets []Network) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nets = append([]Network(nil), nets...)
+	for name, s := range m.active {
+		n, ok := Find(nets, name)
+		if ok && string(n.Raw) == string(s.raw) {
+			continue
+		}
+		s.close(m.log, name)
+		delete(m.active, name)
+	}
+}
+
+// Networks returns the configured networks.
+func (m *Manager) Networks() []Network {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Network(nil), m.nets...)
+}
+
+// Close stops every main exec and releases the images held. Records stay.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, s := range m.active {
+		s.close(m.log, name)
+		delete(m.active, name)
+	}
+	if m.sbOwned {
+		m.sb.Close()
+	}
+	return nil
+}
+
+func (s *netState) close(log *slog.Logger, name string) {
+	if s.sv != nil {
+		if err := s.sv.Close(); err != nil {
+			log.Warn("stop main exec", "network", name, "err", err)
+		}
+	}
+	s.release()
+}
+
+// Selection is one network a pod asks for, with the interface it wants
+// ("" = the network's containerInterface template).
+type Selection struct {
+	Network string `json:"network"`
+	IfName  string `json:"ifName,omitempty"`
+}
+
+// ParseSelection parses NAME or NAME@IFNAME.
+func ParseSelection(s string) (Selection, error) {
+	name, ifname, has := strings.Cut(s, "@")
+	if !networkName.MatchString(name) {
+		return Selection{}, fmt.Errorf("%w: network %q: not a valid network name", ErrBadRequest, s)
+	}
+	if has {
+		if err := ValidIfName(ifname); err != nil {
+			return Selection{}, fmt.Errorf("%w: network %q: %w", ErrBadRequest, s, err)
+		}
+	}
+	return Selection{Network: name, IfName: ifname}, nil
+}
+
+// AttachRequest attaches one pod to networks.
+type AttachRequest struct {
+	// ID is the container (pod) UUID: the plugins' key for its state.
+	ID string
+	// NetNS is the pod's pinned network namespace (not a /proc path).
+	NetNS string
+	// Networks to attach, in order; empty = the default networks.
+	Networks []Selection
+}
+
+// Skipped is an optional network whose add failed.
+type Skipped struct {
+	Network string `json:"network"`
+	Error   string `json:"error"`
+}
+
+// AttachResult is what Attach did.
+type AttachResult struct {
+	// Attached are this call's new attachments, in order.
+	Attached []AttachmentRecord `json:"attached"`
+	// Skipped are optional networks whose add failed.
+	Skipped []Skipped `json:"skipped,omitempty"`
+	// Pod is the pod's whole record afterwards.
+	Pod PodRecord `json:"pod"`
+}
+
+var podID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+
+func checkPod(id, nsPath string) error {
+	if !podID.MatchString(id) {
+		return fmt.Errorf("%w: pod id %q: want 1-128 letters, digits, '_', '.', ':' or '-'", ErrBadRequest, id)
+	}
+	if nsPath == "" {
+		return nil
+	}
+	if !filepath.IsAbs(nsPath) || filepath.Clean(nsPath) != nsPath {
+		return fmt.Errorf("%w: netns %q: want an absolute, clean path", ErrBadRequest, nsPath)
+	}
+	if nsPath == "/proc" || strings.HasPrefix(nsPath, "/proc/") {
+		return fmt.Errorf("%w: netns %q: a /proc path cannot be used by plugins (they have their own /proc); pin the namespace (ip netns add, a bind mount) and pass the pin", ErrBadRequest, nsPath)
+	}
+	if err := isNetNS(nsPath); err != nil {
+		return fmt.Errorf("%w: netns %q: %w", ErrBadRequest, nsPath, err)
+	}
+	return nil
+}
+
+// planned is one network of an Attach, resolved before anything runs.
+type planned struct {
+	net    Network
+	ifname string
+}
+
+// Attach attaches the pod to the requested networks (or the defaults), in
+// order. The pod may already have networks: these are added to them. If an
+// add fails, the networks this call attached are detached again in reverse
+// order and the error returned; an optional network's failure is skipped
+// and reported instead. Invalid requests fail with ErrBadRequest before
+// anything runs.
+func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResult, err error) {
+	if req.NetNS == "" {
+		return res, fmt.Errorf("%w: no netns", ErrBadRequest)
+	}
+	if err := checkPod(req.ID, req.NetNS); err != nil {
+		return res, err
+	}
+	unlock := m.locks.Lock(req.ID)
+	defer unlock()
+
+	// Step 1: the record so far and the plan; no side effects yet.
+	rec, found, err := m.getRecord(ctx, req.ID)
+	if err != nil {
+		return res, err
+	}
+	if found && rec.NetNS != req.NetNS {
+		return res, fmt.Errorf("%w: pod %s is attached with netns %s, not %s", ErrBadRequest, req.ID, rec.NetNS, req.NetNS)
+	}
+	if !found {
+		rec = PodRecord{ID: req.ID, NetNS: req.NetNS, Created: time.Now().UTC()}
+	}
+	plan, err := m.plan(req, rec)
+	if err != nil {
+		return res, err
+	}
+
+	// Step 2: the images (and main execs) of the networks, so that a bad
+	// or unreachable image fails before any network is attached.
+	for _, p := range plan {
+		if p.net.Builtin() {
+			if m.pools == nil {
+				return res, fmt.Errorf("network %q: %w", p.net.Name, ErrNoPools)
+			}
+			continue
+		}
+		if _, err := m.ensure(ctx, p.net); err != nil && !p.net.Optional {
+			return res, err
+		}
+	}
+
+	// Step 3: add, in order; undo this call's adds in reverse on failure.
+	bg := context.WithoutCancel(ctx)
+	var done []AttachmentRecord
+	defer func() {
+		if err == nil {
+			return
+		}
+		for i := len(done) - 1; i >= 0; i-- {
+			if derr := m.detachOne(bg, &rec, done[i]); derr != nil {
+				m.log.Error("roll back pod network; its record stays for a later detach", "pod", req.ID, "network", done[i].Network, "err", derr)
+			}
+		}
+		res = AttachResult{}
+	}()
+	for _, p := range plan {
+		a, aerr := m.attachOne(ctx, &rec, p)
+		if aerr == nil {
+			done = append(done, a)
+			continue
+		}
+		if p.net.Optional {
+			m.log.Warn("optional pod network skipped", "pod", req.ID, "network", p.net.Name, "err", aerr)
+			res.Skipped = append(res.Skipped, Skipped{Network: p.net.Name, Error: aerr.Error()})
+			continue
+		}
+		return res, fmt.Errorf("attach pod %s to network %q: %w", req.ID, p.net.Name, aerr)
+	}
+	res.Attached = done
+	res.Pod = rec
+	return res, nil
+}
+
+// plan resolves the requested networks and renders their interface names.
+func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
+	nets := m.Networks()
+	sels := req.Networks
+	if len(sels) == 0 {
+		for _, name := range Defaults(nets) {
+			sels = append(sels, Selection{Network: name})
+		}
+		if len(sels) == 0 {
+			return nil, fmt.Errorf("%w: no networks asked for and none is a default", ErrBadRequest)
+		}
+	}
+	existing, err := m.links(req.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("list interfaces of %s: %w", req.NetNS, err)
+	}
+	taken := map[string]bool{}
+	for _, l := range existing {
+		taken[l] = true
+	}
+	attached := map[string]bool{}
+	for _, a := range rec.Attachments {
+		attached[a.Network] = true
+		if a.IfName != "" {
+			taken[a.IfName] = true
+		}
+	}
+	var plan []planned
+	for _, s := range sels {
+		n, ok := Find(nets, s.Network)
+		if !ok {
+			return nil, fmt.Errorf("%w: unknown network %q", ErrBadRequest, s.Network)
+		}
+		if attached[n.Name] {
+			return nil, fmt.Errorf("%w: pod %s is already attached to network %q (or asks for it twice)", ErrBadRequest, req.ID, n.Name)
+		}
+		attached[n.Name] = true
+		ifname := s.IfName
+		if ifname != "" {
+			if err := ValidIfName(ifname); err != nil {
+				return nil, fmt.Errorf("%w: network %q: %w", ErrBadRequest, n.Name, err)
+			}
+			if taken[ifname] {
+				return nil, fmt.Errorf("%w: network %q: interface %q already exists in the pod", ErrBadRequest, n.Name, ifname)
+			}
+		} else {
+			ifname, err = RenderIfName(n.ContainerInterface, req.ID, len(rec.Attachments)+len(plan), taken)
+			if err != nil {
+				return nil, fmt.Errorf("%w: network %q: %w", ErrBadRequest, n.Name, err)
+			}
+		}
+		if ifname != "" {
+			taken[ifname] = true
+		}
+		plan = append(plan, planned{net: n, ifname: ifname})
+	}
+	return plan, nil
+}
+
+// ensure returns the network's active state, acquiring its image and
+// starting its main exec on first use.
+func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
+	if m.images == nil {
+		return nil, fmt.Errorf("network %q: no image cache configured", n.Name)
+	}
+	sb, _, err := m.sandbox()
+	if err != nil {
+		return nil, fmt.Errorf("network %q: %w", n.Name, err)
+	}
+	m.mu.Lock()
+	if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
+		m.mu.Unlock()
+		return s, nil
+	}
+	m.mu.Unlock()
+
+	// Fetching may take long: not under m.mu.
+	img, release, err := m.images.Acquire(ctx, n.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+	}
+	s := &netState{raw: n.Raw, img: img, release: release}
+	if len(img.MainExec) > 0 {
+		dir, err := m.stateDir(n.Name)
+		if err == nil && !filepath.IsAbs(img.MainExec[0]) {
+			err = fmt.Errorf("main exec %q: want an absolute path", img.MainExec[0])
+		}
+		if err == nil {
+			s.sv, err = sb.Supervise(sandbox.SupervisorOptions{
+				Network: n.Name,
+				Spec: sandbox.Spec{
+					Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
+					Stdin: n.Raw, Env: img.Env, StateDir: dir,
+				},
+				Logger: m.log,
+			})
+		}
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur := m.active[n.Name]; cur != nil {
+		if string(cur.raw) == string(n.Raw) {
+			s.close(m.log, n.Name) // lost a race to another pod's attach
+			return cur, nil
+		}
+		cur.close(m.log, n.Name)
+	}
+	// Only keep it while the network is still configured as it was.
+	if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) {
+		defer s.close(m.log, n.Name)
+		delete(m.active, n.Name)
+		return s, nil
+	}
+	m.active[n.Name] = s
+	return s, nil
+}
+
+func (m *Manager) stateDir(network string) (string, error) {
+	dir := filepath.Join(m.state, network)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("state directory of network %q: %w", network, err)
+	}
+	return dir, nil
+}
+
+// attachOne records the intent, runs the add and completes the record.
+// On failure the network is deleted again (a failed add may have done part
+// of its work) and its record entry removed, unless that del failed too.
+func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a AttachmentRecord, err error) {
+	a = AttachmentRecord{
+		Network: p.net.Name, IfName: p.ifname, Config: p.net.Raw, Pool: p.net.Pool,
+		Timeout: p.net.Timeout, State: StateAdding, Created: time.Now().UTC(),
+	}
+	var s *netState
+	if !p.net.Builtin() {
+		if s, err = m.ensure(ctx, p.net); err != nil {
+			return a, err
+		}
+		if s.sv != nil {
+			if err := s.sv.Err(); err != nil {
+				return a, err
+			}
+		}
+		a.Image, a.Digest = p.net.Image, s.img.Digest
+	}
+	// 1. the intent, durable before anything runs
+	rec.Attachments = append(rec.Attachments, a)
+	idx := len(rec.Attachments) - 1
+	if err := m.putRecord(ctx, *rec); err != nil {
+		rec.Attachments = rec.Attachments[:idx]
+		return a, err
+	}
+	// 2. the add
+	result, err := m.add(ctx, rec, a, s)
+	if err == nil {
+		a.Result, err = encodeResult(result)
+	}
+	if err == nil {
+		// 3. the outcome
+		a.State = StateAttached
+		rec.Attachments[idx] = a
+		if err = m.putRecord(context.WithoutCancel(ctx), *rec); err == nil {
+			return a, nil
+		}
+	}
+	if derr := m.detachOne(context.WithoutCancel(ctx), rec, a); derr != nil {
+		return a, fmt.Errorf("%w (and undoing it failed: %v)", err, derr)
+	}
+	return a, err
+}
+
+// detachOne runs a's del and removes it from the record (rec is updated
+// and written). If the del fails the entry stays, marked StateDelFailed.
+func (m *Manager) detachOne(ctx context.Context, rec *PodRecord, a AttachmentRecord) error {
+	delErr := m.del(ctx, rec, a)
+	for i := range rec.Attachments {
+		if rec.Attachments[i].Network != a.Network {
+			continue
+		}
+		if delErr != nil {
+			rec.Attachments[i].State = StateDelFailed
+			rec.Attachments[i].Error = delErr.Error()
+		} else {
+			rec.Attachments = append(rec.Attachments[:i], rec.Attachments[i+1:]...)
+		}
+		break
+	}
+	if err := m.putRecord(ctx, *rec); err != nil {
+		return errors.Join(delErr, err)
+	}
+	return delErr
+}
+
+// Detach removes all of a pod's networks, in reverse order of attachment,
+// each del from its record (the config and image it was added with). It is
+// idempotent: a pod without a record is already detached. If some del
+// fails, the others still run, the failed ones stay recorded, and the
+// error lists them.
+func (m *Manager) Detach(ctx context.Context, id string) error {
+	if err := checkPod(id, ""); err != nil {
+		return err
+	}
+	unlock := m.locks.Lock(id)
+	defer unlock()
+	rec, found, err := m.getRecord(ctx, id)
+	if err != nil || !found {
+		return err
+	}
+	var errs []error
+	for i := len(rec.Attachments) - 1; i >= 0; i-- {
+		if err := m.detachOne(ctx, &rec, rec.Attachments[i]); err != nil {
+			errs = append(errs, fmt.Errorf("detach pod %s from network %q: %w", id, rec.Attachments[i].Network, err))
+		}
+	}
+	m.prune(ctx)
+	return errors.Join(errs...)
+}
+
+// Status returns the pod's record; ErrUnknownPod when it has none.
+func (m *Manager) Status(ctx context.Context, id string) (PodRecord, error) {
+	if err := checkPod(id, ""); err != nil {
+		return PodRecord{}, err
+	}
+	rec, found, err := m.getRecord(ctx, id)
+	if err != nil {
+		return rec, err
+	}
+	if !found {
+		return rec, fmt.Errorf("pod %s: %w", id, ErrUnknownPod)
+	}
+	return rec, nil
+}
+
+// List returns every pod record.
+func (m *Manager) List(ctx context.Context) ([]PodRecord, error) {
+	return m.listRecords(ctx)
+}
+
+// Recover finishes what a crash interrupted: entries still StateAdding
+// (an add that never reported) are deleted and dropped; then unused images
+// are pruned. Call it once at start, before serving.
+func (m *Manager) Recover(ctx context.Context) error {
+	recs, err := m.listRecords(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		unlock := m.locks.Lock(r.ID)
+		rec, found, err := m.getRecord(ctx, r.ID)
+		if err == nil && found {
+			for i := len(rec.Attachments) - 1; i >= 0; i-- {
+				if a := rec.Attachments[i]; a.State == StateAdding {
+					if derr := m.detachOne(ctx, &rec, a); derr != nil {
+						errs = append(errs, fmt.Errorf("roll back interrupted add of pod %s to %q: %w", r.ID, a.Network, derr))
+					}
+				}
+			}
+		}
+		unlock()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	m.prune(ctx)
+	return errors.Join(errs...)
+}
+
+// GC detaches every pod for which keep returns false and that was created
+// before since (a pod attached after the caller took its list is not
+// garbage). It returns the pods detached.
+func (m *Manager) GC(ctx context.Context, since time.Time, keep func(id string) bool) ([]string, error) {
+	recs, err := m.listRecords(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	var errs []error
+	for _, r := range recs {
+		if keep(r.ID) || !r.Created.Before(since) {
+			continue
+		}
+		if err := m.Detach(ctx, r.ID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		gone = append(gone, r.ID)
+	}
+	return gone, errors.Join(errs...)
+}
+
+// prune removes cached images no record and no configured network holds.
+func (m *Manager) prune(ctx context.Context) {
+	if m.images == nil {
+		return
+	}
+	recs, err := m.listRecords(ctx)
+	if err != nil {
+		m.log.Warn("image prune skipped", "err", err)
+		return
+	}
+	inUse := map[string]bool{}
+	for _, r := range recs {
+		for _, a := range r.Attachments {
+			if a.Digest != "" {
+				inUse[a.Digest] = true
+			}
+		}
+	}
+	removed, err := m.images.Prune(inUse)
+	if err != nil {
+		m.log.Warn("image prune", "err", err)
+	}
+	if len(removed) > 0 {
+		m.log.Info("pruned unused plugin images", "digests", removed)
+	}
+}

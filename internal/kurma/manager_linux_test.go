@@ -1,0 +1,366 @@
+package kurma_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/skeinnet/skein/internal/kurma"
+	"github.com/skeinnet/skein/test/harness"
+)
+
+const uuid1 = "146d7cef-fbf6-41da-a2f8-eba218597f9c"
+
+// TestAttachDetach: a pod on the default networks — a skein pool on eth0,
+// a plugin answering 1.1.0 on net1, one answering Kurma's old 0.2.0 shape
+// on net2 — then a chatty plugin (logs on stderr) added to the running pod;
+// records, results and interfaces checked; detach runs the dels in reverse
+// and leaves nothing; a second detach is a no-op.
+func TestAttachDetach(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	ctx := context.Background()
+	before := harness.HostNet(t)
+
+	res, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := names(res.Attached), []string{"pods@eth0", "good@net1", "oldstyle@net2"}; !equal(got, want) {
+		t.Fatalf("attached %v, want %v", got, want)
+	}
+	wantAddr := map[string]string{"good": "10.1.0.5/24", "oldstyle": "10.2.0.5/24"}
+	for _, a := range res.Attached {
+		if a.State != kurma.StateAttached {
+			t.Errorf("%s: state %q", a.Network, a.State)
+		}
+		var r current.Result
+		if err := json.Unmarshal(a.Result, &r); err != nil {
+			t.Fatalf("%s: result %s: %v", a.Network, a.Result, err)
+		}
+		if r.CNIVersion != "1.1.0" || len(r.IPs) == 0 || r.IPs[0].Interface == nil {
+			t.Errorf("%s: result %s: want 1.1.0 with addresses on an interface", a.Network, a.Result)
+			continue
+		}
+		ifc := r.Interfaces[*r.IPs[0].Interface]
+		if ifc.Name != a.IfName || ifc.Sandbox != ns.Path() {
+			t.Errorf("%s: result's interface %+v, want %s in %s", a.Network, ifc, a.IfName, ns.Path())
+		}
+		if want := wantAddr[a.Network]; want != "" && r.IPs[0].Address.String() != want {
+			t.Errorf("%s: address %s, want %s", a.Network, r.IPs[0].Address.String(), want)
+		}
+		if a.Network == "pods" {
+			if a.Digest != "" || a.Pool != "default" {
+				t.Errorf("skein network recorded with digest %q pool %q", a.Digest, a.Pool)
+			}
+			if p := netip.MustParsePrefix("10.77.0.0/16"); !p.Contains(netip.MustParseAddr(r.IPs[0].Address.IP.String())) {
+				t.Errorf("skein address %s not from the pool", r.IPs[0].Address.IP)
+			}
+		} else if !strings.HasPrefix(a.Digest, "sha256:") || a.Image != pluginImage {
+			t.Errorf("%s: image %q digest %q", a.Network, a.Image, a.Digest)
+		}
+	}
+	if got := links(t, ns); !equal(got, []string{"eth0", "net1", "net2"}) {
+		t.Errorf("pod interfaces %v", got)
+	}
+
+	// A running pod gets one more network; its stderr is not its result.
+	res2, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("chatty")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(res2.Attached); !equal(got, []string{"chatty@c146d7cef"}) {
+		t.Errorf("chatty attached as %v", got)
+	}
+	st, err := w.pods.Status(ctx, uuid1)
+	if err != nil || len(st.Attachments) != 4 || st.NetNS != ns.Path() {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+	want := []string{"add good net1", "add oldstyle net2", "add chatty c146d7cef", "del chatty c146d7cef", "del oldstyle net2", "del good net1"}
+	if got := w.calls(uuid1); !equal(got, want) {
+		t.Errorf("plugin calls %q, want %q", got, want)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Errorf("second detach: %v", err)
+	}
+	if n := len(w.calls(uuid1)); n != len(want) {
+		t.Errorf("second detach ran plugins: %d calls", n)
+	}
+	harness.AssertHostSame(t, before, "after attach and detach")
+}
+
+// TestAddFailures: the last network's add fails in each way a plugin can
+// fail; the error says how, the earlier networks are removed in reverse
+// order (their dels run), the failed one's del runs too (it may have done
+// part of its work: every test add makes its link first), and nothing is
+// left: no record, no interface, no address.
+func TestAddFailures(t *testing.T) {
+	w := newWorld(t, testNets)
+	for _, c := range []struct {
+		network, want string
+	}{
+		{"hang", "timed out"},
+		{"crash", "exit status 2"},
+		{"garbage", "not a JSON object"},
+		{"fail", "CNI error 11: try again later"},
+		{"noimage", "image"},
+	} {
+		t.Run(c.network, func(t *testing.T) {
+			ns := w.pod()
+			id := "pod-" + c.network
+			start := time.Now()
+			_, err := w.pods.Attach(context.Background(), kurma.AttachRequest{ID: id, NetNS: ns.Path(), Networks: sel("pods", "good", c.network)})
+			took := time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err %v, want it to say %q", err, c.want)
+			}
+			t.Logf("error (after %v): %v", took.Round(time.Millisecond), err)
+			w.assertNothingLeft(id, ns)
+			want := []string{"add good net1", "add " + c.network + " net2", "del " + c.network + " net2", "del good net1"}
+			if c.network == "noimage" {
+				// Images are fetched before any add runs.
+				want = nil
+			}
+			if got := w.calls(id); !equal(got, want) {
+				t.Errorf("plugin calls %q, want %q", got, want)
+			}
+			if c.network == "hang" && took > 10*time.Second {
+				t.Errorf("a 1 s timeout took %v", took)
+			}
+		})
+	}
+}
+
+// TestOptionalSkipped: an optional network's failure is reported, not
+// fatal; its half-done work is deleted; the pod keeps the others.
+func TestOptionalSkipped(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	res, err := w.pods.Attach(context.Background(), kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "maybe")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(res.Attached); !equal(got, []string{"good@net0"}) {
+		t.Errorf("attached %v", got)
+	}
+	if len(res.Skipped) != 1 || res.Skipped[0].Network != "maybe" || !strings.Contains(res.Skipped[0].Error, "exit status 2") {
+		t.Errorf("skipped %+v", res.Skipped)
+	}
+	if got := links(t, ns); !equal(got, []string{"net0"}) {
+		t.Errorf("pod interfaces %v, want only net0", got)
+	}
+	st, err := w.pods.Status(context.Background(), uuid1)
+	if err != nil || len(st.Attachments) != 1 {
+		t.Errorf("record %+v, %v", st, err)
+	}
+	if err := w.pods.Detach(context.Background(), uuid1); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+}
+
+// TestBadInput: requests that cannot be served fail before anything runs
+// with an error that says why, and change nothing.
+func TestBadInput(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	busy := w.pod()
+	if _, err := busy.Exec(t, "ip", "link", "add", "net0", "type", "bridge"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		req   kurma.AttachRequest
+		want  string
+		links []string
+	}{
+		{"unknown network", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "nosuch")}, `unknown network "nosuch"`, nil},
+		{"same network twice", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "good")}, "asks for it twice", nil},
+		{"duplicate ifname", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good@eth1", "oldstyle@eth1")}, `interface "eth1" already exists`, nil},
+		{"ifname taken in the pod", kurma.AttachRequest{ID: uuid1, NetNS: busy.Path(), Networks: sel("good")}, `interface "net0"`, []string{"net0"}},
+		{"bad ifname", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good@a/b")}, "must not contain", nil},
+		{"bad pod id", kurma.AttachRequest{ID: "../x", NetNS: ns.Path()}, "pod id", nil},
+		{"proc netns", kurma.AttachRequest{ID: uuid1, NetNS: "/proc/1/ns/net"}, "pin the namespace", nil},
+		{"missing netns", kurma.AttachRequest{ID: uuid1, NetNS: "/run/netns/kurma-missing"}, "netns", nil},
+		{"bad image", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "noimage")}, "nonexistent", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			target := ns
+			if c.links != nil {
+				target = busy
+			}
+			_, err := w.pods.Attach(context.Background(), c.req)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err %v, want it to mention %q", err, c.want)
+			}
+			if c.name != "bad image" && !errors.Is(err, kurma.ErrBadRequest) {
+				t.Errorf("err %v: want ErrBadRequest", err)
+			}
+			if _, serr := w.pods.Status(context.Background(), uuid1); !errors.Is(serr, kurma.ErrUnknownPod) {
+				t.Errorf("a record was left: %v", serr)
+			}
+			if got := links(t, target); !equal(got, c.links) {
+				t.Errorf("pod interfaces %v, want %v", got, c.links)
+			}
+			if got := w.calls(uuid1); len(got) > 0 {
+				t.Errorf("plugins ran: %q", got)
+			}
+		})
+	}
+	atts, _ := w.d.Store().ListAttachments(context.Background())
+	if len(atts) > 0 {
+		t.Errorf("attachments left: %v", atts)
+	}
+}
+
+// TestConcurrentPods: 20 pods attached at once (a skein pool and a plugin
+// each), all served with distinct addresses; then detached at once.
+func TestConcurrentPods(t *testing.T) {
+	w := newWorld(t, testNets)
+	const n = 20
+	nss := make([]*harness.NS, n)
+	for i := range nss {
+		nss[i] = w.pod()
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	addrs := make([]string, n)
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: fmt.Sprintf("pod-%02d", i), NetNS: nss[i].Path(), Networks: sel("pods", "good")})
+			errs[i] = err
+			if err == nil {
+				var r current.Result
+				json.Unmarshal(res.Attached[0].Result, &r)
+				if len(r.IPs) > 0 {
+					addrs[i] = r.IPs[0].Address.IP.String()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d pods attached to 2 networks in %v", n, time.Since(start).Round(time.Millisecond))
+	seen := map[string]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("pod %d: %v", i, err)
+			continue
+		}
+		if addrs[i] == "" || seen[addrs[i]] {
+			t.Errorf("pod %d: address %q (missing or given twice)", i, addrs[i])
+		}
+		seen[addrs[i]] = true
+		if got := links(t, nss[i]); !equal(got, []string{"eth0", "net1"}) {
+			t.Errorf("pod %d: interfaces %v", i, got)
+		}
+	}
+	recs, err := w.pods.List(ctx)
+	if err != nil || len(recs) != n {
+		t.Errorf("%d records, %v", len(recs), err)
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.pods.Detach(ctx, fmt.Sprintf("pod-%02d", i)); err != nil {
+				t.Errorf("detach pod %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		w.assertNothingLeft(fmt.Sprintf("pod-%02d", i), nss[i])
+	}
+}
+
+// TestDelFromRecord: the del runs from the record after the network left
+// the config (reload) and after a restart of the daemon, with the config
+// the add had; a reload with a bad config changes nothing.
+func TestDelFromRecord(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	ctx := context.Background()
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("pods", "good")}); err != nil {
+		t.Fatal(err)
+	}
+	// A bad config is refused and the old networks stay.
+	bad := w.cfg
+	bad.PodNetworks = json.RawMessage(`[{"name":"x","image":"ftp://nope","type":"t"}]`)
+	if err := w.d.ReloadPodNetworks(bad); err == nil {
+		t.Fatal("reload with a bad image reference: want an error")
+	}
+	if _, ok := kurma.Find(w.pods.Networks(), "good"); !ok {
+		t.Fatal("a refused reload dropped the old networks")
+	}
+	// Now "good" leaves the config, and the daemon restarts.
+	w.cfg.PodNetworks = netsJSON(`[{"name":"pods","type":"skein","containerInterface":"eth0"}]`)
+	if err := w.d.ReloadPodNetworks(w.cfg); err != nil {
+		t.Fatal(err)
+	}
+	w.restart()
+	if _, ok := kurma.Find(w.pods.Networks(), "good"); ok {
+		t.Fatal("good still configured")
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+	if _, err := os.Stat(filepath.Join(w.state, "good", "del-"+uuid1+"-net1")); err != nil {
+		t.Errorf("the del's marker: %v", err)
+	}
+	// The image is pruned once no record names it.
+	if left, _ := filepath.Glob(filepath.Join(w.cfg.StateDir, "images", "sha256-*")); len(left) > 0 {
+		t.Errorf("images kept with no record naming them: %v", left)
+	}
+}
+
+// TestRecoverInterruptedAdd: a record left in state "adding" (skeind died
+// during the add) is rolled back at start: its del runs, the entry goes.
+func TestRecoverInterruptedAdd(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	ctx := context.Background()
+	res, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "oldstyle")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Make the record say the second add never finished.
+	rec := res.Pod
+	rec.Attachments[1].State = kurma.StateAdding
+	rec.Attachments[1].Result = nil
+	b, _ := json.Marshal(rec)
+	if err := w.d.Store().PutMeta(ctx, kurma.MetaKind, uuid1, b); err != nil {
+		t.Fatal(err)
+	}
+	w.restart()
+	st, err := w.pods.Status(ctx, uuid1)
+	if err != nil || len(st.Attachments) != 1 || st.Attachments[0].Network != "good" {
+		t.Fatalf("after recovery: %+v, %v", st, err)
+	}
+	if got := links(t, ns); !equal(got, []string{"net0"}) {
+		t.Errorf("pod interfaces %v, want net0 only", got)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+}
