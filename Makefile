@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-kurma fuzz
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-routing bench-kurma fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -59,6 +59,7 @@ bench: deps build
 	$(MAKE) bench-frontdoors
 	$(MAKE) bench-kurma
 	$(MAKE) bench-kube KUBE_SCALE="-nodes 1000 -pods 100000"
+	$(MAKE) bench-routing
 
 # Kubernetes mode at scale: real apiserver+etcd, the skein-controller
 # binary, simulated nodes running kubestore+ipam; $(BENCH_OUT)/kube-scale.
@@ -66,6 +67,16 @@ KUBE_SCALE ?= -nodes 100 -pods 10000
 bench-kube: deps build
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench KubeScale -benchtime 1x -timeout 60m ./test/kubescale/ \
 		-args $(KUBE_SCALE) -out $(BENCH_OUT)/kube-scale
+
+# Routing between nodes (test/routebench): pod-to-pod throughput and
+# round trips in direct and vxlan mode against the bare underlay and a
+# VXLAN pair made by hand, and a new block's route reaching every node with
+# 1,000 simulated nodes' blocks present; $(BENCH_OUT)/routing. Root.
+ROUTING_BENCH ?=
+ROUTING_QUICK := -reps 1 -seconds 2 -rr-seconds 1 -nodes 100 -probes 20
+bench-routing: deps build
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench Routing -benchtime 1x -timeout 60m ./test/routebench/ \
+		-args -out $(BENCH_OUT)/routing $(ROUTING_BENCH)
 
 # The other front doors, each against its incumbent in one run: `docker run`
 # on a skein network vs Docker's bridge driver, and a VM's DHCP lease from
@@ -89,6 +100,7 @@ bench-quick: deps build
 	$(BIN)/skein-bench -bin $(BIN) -out $(BENCH_OUT) -quick
 	$(MAKE) bench-kurma KURMA_BENCHTIME=5x
 	$(MAKE) bench-kube
+	$(MAKE) bench-routing ROUTING_BENCH="$(ROUTING_QUICK)"
 
 # Every fuzz target for FUZZTIME each (go test fuzzes one target per
 # run). The seed corpora (testdata/fuzz) already run in `make test`; a

@@ -23,7 +23,8 @@ func (a *app) routeListCmd() *cobra.Command {
 			"its node, the node's address, the routing mode (skeind --routing), the\n" +
 			"next hop, and whether the route is installed (else why not), as of\n" +
 			"skeind's last sync. In export mode \"installed\" means a routing daemon\n" +
-			"(BIRD) has put the block's route into the kernel. Always asks this\n" +
+			"(BIRD) has put the block's route into the kernel, checked at the time\n" +
+			"of the request. Always asks this\n" +
 			"node's skeind; with the embedded store the list is empty.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -85,13 +85,17 @@ type Routes interface {
 	// Statuses are the last sync's, sorted by block; synced is false
 	// before the first sync.
 	Statuses() (st []routing.Status, synced bool)
+	// SyncNow syncs at once. ListRoutes calls it in export mode, where a
+	// routing daemon (BIRD) installs the routes on its own schedule and the
+	// last sync's statuses may be up to a resync period old.
+	SyncNow(ctx context.Context) error
 }
 
 var _ Routes = (*routing.Loop)(nil)
 
 // ListRoutes lists the routes to other nodes' blocks; without Routes
 // (the embedded store) the list is empty, with the configured mode.
-func (s *adminServer) ListRoutes(context.Context, *rpc.Empty) (*rpc.RouteList, error) {
+func (s *adminServer) ListRoutes(ctx context.Context, _ *rpc.Empty) (*rpc.RouteList, error) {
 	r := s.d.cfg.Routes
 	if r == nil {
 		mode, err := routing.ParseMode(s.d.cfg.Routing.Mode)
@@ -99,6 +103,13 @@ func (s *adminServer) ListRoutes(context.Context, *rpc.Empty) (*rpc.RouteList, e
 			mode = routing.Mode(s.d.cfg.Routing.Mode)
 		}
 		return &rpc.RouteList{Mode: string(mode), Synced: true}, nil
+	}
+	if r.Mode() == routing.ModeExport {
+		// An export-mode sync only reads the kernel (and removes other
+		// modes' leftovers, of which there are none after the first).
+		if err := r.SyncNow(ctx); err != nil {
+			s.d.log.Warn("route list: fresh sync failed; reporting the last one", "err", err)
+		}
 	}
 	st, synced := r.Statuses()
 	out := &rpc.RouteList{Mode: string(r.Mode()), Synced: synced, Routes: make([]*rpc.Route, 0, len(st))}

@@ -49,14 +49,29 @@ func TestRoutingConfigValidate(t *testing.T) {
 	}
 }
 
-// fakeRoutes is a Routes with fixed statuses and one metric.
+// fakeRoutes is a Routes with fixed statuses and one metric; SyncNow
+// installs every route and counts the calls.
 type fakeRoutes struct {
+	mode    routing.Mode
 	st      []routing.Status
 	counter prometheus.Counter
+	syncs   int
 }
 
-func (f *fakeRoutes) Mode() routing.Mode                 { return routing.ModeVXLAN }
+func (f *fakeRoutes) Mode() routing.Mode {
+	if f.mode == "" {
+		return routing.ModeVXLAN
+	}
+	return f.mode
+}
 func (f *fakeRoutes) Statuses() ([]routing.Status, bool) { return f.st, true }
+func (f *fakeRoutes) SyncNow(context.Context) error {
+	f.syncs++
+	for i := range f.st {
+		f.st[i].Installed, f.st[i].Reason = true, ""
+	}
+	return nil
+}
 func (f *fakeRoutes) Collectors() []prometheus.Collector { return []prometheus.Collector{f.counter} }
 
 func TestListRoutes(t *testing.T) {
@@ -97,5 +112,33 @@ func TestListRoutes(t *testing.T) {
 	}
 	if !found {
 		t.Error("the routes' metrics are not in the daemon's registry")
+	}
+}
+
+// In export mode BIRD installs routes on its own schedule: ListRoutes syncs
+// first, so it does not report a route missing that the kernel has (the
+// periodic resync is 30 s). In the other modes it reports the last sync.
+func TestListRoutesExportSyncsFirst(t *testing.T) {
+	missing := func() []routing.Status {
+		return []routing.Status{{Remote: routing.Remote{Block: netip.MustParsePrefix("10.1.0.0/27"), Name: "p-0", Node: "n2"},
+			Reason: "no route for the block (export mode: a routing daemon must install it)"}}
+	}
+	for _, tt := range []struct {
+		mode          routing.Mode
+		syncs         int
+		wantInstalled bool
+	}{
+		{routing.ModeExport, 1, true},
+		{routing.ModeDirect, 0, false},
+	} {
+		fr := &fakeRoutes{mode: tt.mode, st: missing(), counter: prometheus.NewCounter(prometheus.CounterOpts{Name: "skein_route_test_total", Help: "test"})}
+		n := newTestNode(t, Config{Routes: fr})
+		l, err := (&adminServer{d: n.d}).ListRoutes(context.Background(), &rpc.Empty{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fr.syncs != tt.syncs || len(l.Routes) != 1 || l.Routes[0].Installed != tt.wantInstalled {
+			t.Errorf("%s: ListRoutes = %v after %d syncs; want installed=%v after %d", tt.mode, l.Routes, fr.syncs, tt.wantInstalled, tt.syncs)
+		}
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -144,7 +143,7 @@ func BenchmarkKubeScale(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	res := &Results{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Command: command(),
+	res := &Results{Date: time.Now().UTC().Format(time.RFC3339), Machine: kube.Machine(), Command: command(),
 		Nodes: nodes, Pods: pods, BlockSizeBits: *flagBits, RatePerSecond: *flagRate, ControllerQPS: *flagQPS}
 
 	// The pool: room for every node's blocks twice over.
@@ -493,28 +492,6 @@ func findPID(name, dir string) int {
 		}
 	}
 	return 0
-}
-
-func machine() string {
-	cpu := "unknown CPU"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	mem := ""
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0]); len(f) >= 2 {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			mem = fmt.Sprintf(", %.1f GiB RAM", kb/1024/1024)
-		}
-	}
-	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return fmt.Sprintf("%d × %s%s, Linux %s, %s, kubernetes %s, etcd %s", runtime.NumCPU(), cpu, mem,
-		strings.TrimSpace(string(kernel)), runtime.Version(), kube.KubernetesVersion, kube.EtcdVersion)
 }
 
 func command() string {

@@ -82,6 +82,9 @@
 // Starting the init and creating its namespaces is most of a call's
 // overhead, so a Sandbox keeps a few inits started ahead of need
 // (Options.Prestart): each waits in its new namespaces for a spec on a
-// pipe, and a call that claims one pays only for the mounts. Close stops
-// them. The Supervisor's main execs always start cold.
+// pipe, and a call that claims one pays only for the mounts. Its copy of
+// the host's mounts dates from its start, so the call's host paths are
+// checked by device and inode first; a mismatch (a netns pinned since in a
+// directory that does not propagate mounts) makes the call start cold.
+// Close stops them. The Supervisor's main execs always start cold.
 package sandbox

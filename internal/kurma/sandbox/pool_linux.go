@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,12 +21,13 @@ import (
 // sandboxed call's overhead. So the Sandbox keeps a few inits started ahead
 // of need. Each waits in its fresh namespaces, its mounts already slaves of
 // the host's, for a spec on a pipe; a call claims one, sends the spec and
-// only pays for the mounts. Claiming one starts its replacement in the
-// background. A waiting init holds nothing of the host that the host could
+// only pays for the mounts. Its replacement starts in the background once
+// the call is over. A waiting init holds nothing of the host that the host could
 // not remove (its mounts follow the host's), and dies with skeind
 // (Pdeathsig) or when Close closes its spec pipe.
 
-// errStale: a warm init died while it waited; start cold instead.
+// errStale: a warm init died while it waited, or its copy of the host's
+// mounts lacks one made since (sandboxinit.Spec.Expect); start cold instead.
 var errStale = errors.New("warm sandbox init gone")
 
 type pool struct {
@@ -53,15 +55,16 @@ func newPool(sb *Sandbox, size int) *pool {
 	return &pool{sb: sb, ready: make(chan *warmInit, size)}
 }
 
-// take returns a ready warm init, or nil, and tops the pool up.
+// take returns a ready warm init, or nil. The caller tops the pool up
+// (refill) once its call is over: a replacement started at once would
+// compete with the call for the CPUs.
 func (p *pool) take() *warmInit {
-	var w *warmInit
 	select {
-	case w = <-p.ready:
+	case w := <-p.ready:
+		return w
 	default:
+		return nil
 	}
-	p.refill()
-	return w
 }
 
 // refill starts warm inits in the background until the pool is full; one
@@ -200,6 +203,9 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 		w.cmd.Wait()
 		join()
 		stopKill()
+		if strings.Contains(err.Error(), sandboxinit.StaleView) {
+			return nil, errStale
+		}
 		return nil, &Error{Path: is.Path, Err: err, ExitCode: -1}
 	}
 	return func() error {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
 	"github.com/skeinnet/skein/internal/netns"
 )
@@ -91,6 +93,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return nil, err
 	}
 	// A warm init if one is ready (see pool), else a cold start.
+	defer s.pool.refill()
 	var wait func() error
 	if w := s.pool.take(); w != nil {
 		if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
@@ -293,6 +296,16 @@ func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 	}
 	if isDir(s.opts.ModulesDir) == nil {
 		is.ModulesDir = s.opts.ModulesDir
+	}
+	for _, p := range append([]string{is.Rootfs, spec.NetNS, is.StateDir, is.ModulesDir}, is.NetNSDirs...) {
+		if p == "" {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return nil, fmt.Errorf("sandbox spec: %w", err)
+		}
+		is.Expect = append(is.Expect, sandboxinit.FileID{Path: p, Dev: st.Dev, Ino: st.Ino})
 	}
 	return is, nil
 }

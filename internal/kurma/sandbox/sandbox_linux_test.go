@@ -575,3 +575,68 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("call after Close: %v", err)
 	}
 }
+
+// TestWarmStaleView: a namespace pinned, after a warm init started, in a
+// directory whose mounts do not propagate is invisible to that init (its
+// copy of the host's mounts predates the pin). The call notices, starts
+// cold and sees the namespace; the next warm init sees it too.
+func TestWarmStaleView(t *testing.T) {
+	e := newEnv(t, Options{Prestart: -1})
+	priv := filepath.Join(e.dir, "private-netns")
+	if err := os.Mkdir(priv, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(priv, priv, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(priv, unix.MNT_DETACH) })
+	if err := unix.Mount("", priv, "", unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := New(Options{ScratchDir: filepath.Join(e.dir, "scratch2"), Prestart: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	for end := time.Now().Add(5 * time.Second); len(sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no warm init ready")
+		}
+	}
+	late := filepath.Join(priv, "late")
+	if err := netns.Create(late); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Remove(late) })
+	var st unix.Stat_t
+	if err := unix.Stat(late, &st); err != nil {
+		t.Fatal(err)
+	}
+	p := Plugin{Rootfs: e.rootfs, Config: []byte(`{"mode":"probe"}`), StateDir: e.state}
+	for i, want := range []string{"cold", "warm"} {
+		for end := time.Now().Add(5 * time.Second); len(sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("no warm init ready")
+			}
+		}
+		warm, cold := sb.pool.warm.Load(), sb.pool.cold.Load()
+		res, err := sb.Run(context.Background(), p.Call(OpAdd, late, "uuid", "eth0"))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		var r probeReport
+		if err := json.Unmarshal(res.Stdout, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.NetNSMagic != unix.NSFS_MAGIC || r.NetNSIno != st.Ino {
+			t.Errorf("call %d saw %s as magic %#x ino %d, want the namespace (ino %d)", i, late, r.NetNSMagic, r.NetNSIno, st.Ino)
+		}
+		got := "warm"
+		if sb.pool.cold.Load() > cold {
+			got = "cold"
+		}
+		if got != want || sb.pool.warm.Load()-warm+sb.pool.cold.Load()-cold != 1 {
+			t.Errorf("call %d started %s (warm +%d, cold +%d), want %s", i, got, sb.pool.warm.Load()-warm, sb.pool.cold.Load()-cold, want)
+		}
+	}
+}

@@ -51,7 +51,24 @@ type Spec struct {
 	ModulesDir string   `json:"modulesDir,omitempty"` // bound read-only at /lib/modules
 	TmpSize    int64    `json:"tmpSize"`              // bytes, for /tmp and /run
 	NodeNetNS  string   `json:"nodeNetNS,omitempty"`  // network namespace to enter first ("" = the one inherited)
+	// Expect are host paths as the sandbox saw them. A warm init copied
+	// the host's mounts when it started; a mount made since in a directory
+	// without shared propagation (a netns pinned there, say) did not reach
+	// it, and the path would name the file underneath. The init checks
+	// each and fails with StaleView, and the sandbox starts cold instead.
+	Expect []FileID `json:"expect,omitempty"`
 }
+
+// FileID names a file by device and inode.
+type FileID struct {
+	Path string `json:"path"`
+	Dev  uint64 `json:"dev"`
+	Ino  uint64 `json:"ino"`
+}
+
+// StaleView starts the setup error of an init whose view of the host
+// differs from the sandbox's (see Spec.Expect).
+const StaleView = "stale view of the host: "
 
 func init() { MaybeRun() }
 
@@ -83,11 +100,29 @@ func MaybeRun() {
 		err = json.Unmarshal([]byte(raw), &s)
 	}
 	if err == nil {
+		err = s.checkView()
+	}
+	if err == nil {
 		err = s.enter()
 	}
 	// Only failures get here: a successful enter ends in exec.
 	reportSetup(err)
 	os.Exit(127)
+}
+
+// checkView compares the paths the sandbox checked with what this process
+// sees.
+func (s *Spec) checkView() error {
+	for _, f := range s.Expect {
+		var st unix.Stat_t
+		if err := unix.Stat(f.Path, &st); err != nil {
+			return fmt.Errorf("%s%s: %w", StaleView, f.Path, err)
+		}
+		if st.Dev != f.Dev || st.Ino != f.Ino {
+			return fmt.Errorf("%s%s is another file here", StaleView, f.Path)
+		}
+	}
+	return nil
 }
 
 // waitForSpec reads the spec of a warm start; nothing means the sandbox no
