@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/skeinnet/skein/api/rpc"
+	skeincni "github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -192,6 +193,18 @@ func TestPodThreeNetworks(t *testing.T) {
 	}
 	if _, err := pods(t, d).Detach(ctx(t), &rpc.PodRef{Id: "pod-d-0004"}); err != nil {
 		t.Errorf("detach pod D: %v", err)
+	}
+
+	// An interface removed behind skeind's back: CHECK says which; DEL
+	// still cleans up the rest.
+	ha := podA.Handle(t)
+	if l, err := ha.LinkByName("net2"); err == nil {
+		if err := ha.LinkDel(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cni.CheckNetworkList(ctx(t), list, rtA); skeintest.ErrCode(err) != skeincni.CodeCheckFailed || !strings.Contains(err.Error(), "net2") {
+		t.Errorf("CHECK with net2 gone: %v, want code %d naming net2", err, skeincni.CodeCheckFailed)
 	}
 
 	for i := range 2 { // DEL is idempotent
