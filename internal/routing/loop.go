@@ -84,7 +84,9 @@ type Loop struct {
 	statuses []Status
 	synced   bool
 
-	// Owned by Run's goroutine.
+	// syncMu makes syncs one at a time: Run's and SyncNow's (ListRoutes
+	// calls it in export mode). It guards the report state below.
+	syncMu    sync.Mutex
 	nodeState map[string]string // node → "" when routed, else why not
 	addrState map[string]string // node → its annotation problem
 }
@@ -170,6 +172,8 @@ func (l *Loop) Run(ctx context.Context) error {
 func (l *Loop) SyncNow(ctx context.Context) error { return l.syncOnce(ctx) }
 
 func (l *Loop) syncOnce(ctx context.Context) error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.o.SyncTimeout)
 	defer cancel()
 	start := time.Now()

@@ -441,3 +441,32 @@ func BenchmarkLoopSync1000Nodes(b *testing.B) {
 		}
 	}
 }
+
+// SyncNow (ListRoutes calls it in export mode) may run while Run syncs:
+// the two must not report at the same time (the report state is one map
+// per loop). Run with -race: it fails without the loop's sync lock.
+func TestLoopSyncNowWhileRunning(t *testing.T) {
+	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2")))
+	sy := newFakeSyncer()
+	ev := &fakeEvents{}
+	l := runLoop(t, LoopOptions{Mode: ModeExport, Source: src, Syncer: sy, Events: ev, Resync: time.Millisecond, Coalesce: time.Microsecond})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 200; i++ {
+			if err := l.SyncNow(context.Background()); err != nil {
+				t.Errorf("SyncNow: %v", err)
+				return
+			}
+		}
+	}()
+	for i := 0; i < 200; i++ {
+		node := fmt.Sprintf("n%d", 3+i%5)
+		sy.setDown(node, i%2 == 0)
+		src.set(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2"), remote(fmt.Sprintf("10.1.%d.0/27", 1+i%5), node, "192.0.2.9")))
+	}
+	<-done
+	if _, synced := l.Statuses(); !synced {
+		t.Error("no statuses after 200 syncs")
+	}
+}
