@@ -3,10 +3,7 @@ package routebench
 import (
 	"fmt"
 	"net/netip"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,19 +12,11 @@ import (
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kubenode"
-	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // The real nodes are test/kubenode's: a real skeind --store kubernetes per
 // node namespace of a harness.Topology, a Node object each, one
 // skein-controller granting their pods' blocks.
-
-// routingSupported reports whether the skeind binary has --routing (the
-// flag lands with the API side of issue 10).
-func routingSupported(t testing.TB) bool {
-	out, _ := exec.Command(filepath.Join(skeintest.Binaries(t), "skeind"), "--help").CombinedOutput()
-	return strings.Contains(string(out), "--routing")
-}
 
 // modeArgs are the skeind flags of node n in mode: its underlay IPv4
 // address as --node-address, so that the VXLAN underlay is IPv4 as the

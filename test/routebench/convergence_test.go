@@ -82,14 +82,6 @@ func BenchmarkRoutingConvergence(b *testing.B) {
 		b.Skip("one run is the measurement: use -benchtime 1x")
 	}
 	harness.RequireRoot(b)
-	if !routingSupported(b) {
-		res := &ConvergenceResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: kube.Machine(), Command: command(),
-			Missing: []string{"everything: this skeind has no --routing flag"}}
-		if err := writeResults("convergence.json", res); err != nil {
-			b.Fatal(err)
-		}
-		b.Skip("skeind has no --routing flag")
-	}
 	sims := *flagNodes
 	if sims < smallSims || *flagPerNode < 1 || *flagProbes < 1 {
 		b.Fatalf("-nodes %d -blocks-per-node %d -probes %d: want at least %d nodes, one block, one probe", sims, *flagPerNode, *flagProbes, smallSims)

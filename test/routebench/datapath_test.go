@@ -103,36 +103,31 @@ func BenchmarkRoutingDatapath(b *testing.B) {
 
 	// skein: four nodes (two direct, two vxlan), each a real skeind
 	// --store kubernetes; one pod on each through the CNI plugin.
-	if !routingSupported(b) {
-		res.Missing = append(res.Missing, "direct, vxlan: this skeind has no --routing flag")
-	} else {
-		modes := []routing.Mode{routing.ModeDirect, routing.ModeDirect, routing.ModeVXLAN, routing.ModeVXLAN}
-		topo := harness.NewTopology(b, harness.TopologyOptions{Nodes: len(modes), Prefix: "rb-node"})
-		cl := kubenode.StartCluster(b, kubenode.ClusterOptions{Topology: topo,
-			Args: func(n *harness.TopoNode) []string { return modeArgs(n, modes[n.Index]) }})
-		pods := make([]*kubenode.Pod, len(modes))
-		for i, n := range cl.Nodes {
-			pods[i] = n.MustAddPod(b, "default", "bench-"+n.Name)
-		}
-		for i, m := range []struct {
-			mode            routing.Mode
-			baseline, floor string
-			path            string
-		}{
-			{routing.ModeDirect, "underlay", "pods-by-hand", "pod → node → underlay → node → pod, skeind --routing direct"},
-			{routing.ModeVXLAN, "vxlan-by-hand", "pods-by-hand-vxlan", "pod → node → skein.vxlan → underlay → node → pod, skeind --routing vxlan"},
-		} {
-			from, to := pods[2*i], pods[2*i+1]
-			iperfServer(b, to.NS)
-			rrServer(b, to.NS)
-			if err := waitPing(b, from.NS, to.Addr(false), time.Minute); err != nil {
-				b.Fatalf("%s: pod to pod: %v", m.mode, err)
-			}
-			rows = append(rows, &Row{Name: string(m.mode), Path: m.path, Baseline: m.baseline, Floor: m.floor, MTU: linkMTU(b, from.NS, "eth0"),
-				client: from.NS, server: to.NS, addr: to.Addr(false)})
-		}
+	modes := []routing.Mode{routing.ModeDirect, routing.ModeDirect, routing.ModeVXLAN, routing.ModeVXLAN}
+	topo := harness.NewTopology(b, harness.TopologyOptions{Nodes: len(modes), Prefix: "rb-node"})
+	cl := kubenode.StartCluster(b, kubenode.ClusterOptions{Topology: topo,
+		Args: func(n *harness.TopoNode) []string { return modeArgs(n, modes[n.Index]) }})
+	pods := make([]*kubenode.Pod, len(modes))
+	for i, n := range cl.Nodes {
+		pods[i] = n.MustAddPod(b, "default", "bench-"+n.Name)
 	}
-
+	for i, m := range []struct {
+		mode            routing.Mode
+		baseline, floor string
+		path            string
+	}{
+		{routing.ModeDirect, "underlay", "pods-by-hand", "pod → node → underlay → node → pod, skeind --routing direct"},
+		{routing.ModeVXLAN, "vxlan-by-hand", "pods-by-hand-vxlan", "pod → node → skein.vxlan → underlay → node → pod, skeind --routing vxlan"},
+	} {
+		from, to := pods[2*i], pods[2*i+1]
+		iperfServer(b, to.NS)
+		rrServer(b, to.NS)
+		if err := waitPing(b, from.NS, to.Addr(false), time.Minute); err != nil {
+			b.Fatalf("%s: pod to pod: %v", m.mode, err)
+		}
+		rows = append(rows, &Row{Name: string(m.mode), Path: m.path, Baseline: m.baseline, Floor: m.floor, MTU: linkMTU(b, from.NS, "eth0"),
+			client: from.NS, server: to.NS, addr: to.Addr(false)})
+	}
 	// Every row is measured once per repetition, the rows interleaved so
 	// that the machine's load drifts over all of them alike; throughput
 	// runs first, then the latency runs (no iperf3 traffic meanwhile).
