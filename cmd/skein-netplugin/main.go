@@ -11,7 +11,9 @@
 // skein-netplugin, the first argument names it). CNI_PATH is the cni/bin
 // directory beside the directory holding the shim (/opt/network/add →
 // /opt/cni/bin), so an unpacked image works the same outside a sandbox.
-// CNI_ARGS, when the caller sets it, is passed on.
+// CNI_ARGS, when the caller sets it, is passed on. On DEL, CNI_NETNS is
+// left unset when NETNS does not exist (the pod's namespace is gone): the
+// plugins then free what lives outside it, as CNI asks.
 //
 // What the shim adds to a bare exec (the reason it is not a shell script):
 //   - a missing or unusable plugin, a config without a type, a missing
@@ -156,7 +158,8 @@ func parse(argv []string, stdin io.Reader) (*call, error) {
 	if len(args) == 3 {
 		c.ifname = args[2]
 	}
-	if c.netns == "" || c.id == "" {
+	// A DEL may come without a netns (CNI allows it: the pod is gone).
+	if (c.netns == "" && c.op != "DEL") || c.id == "" {
 		return nil, errorf(codeInvalidEnv, "netns path and container UUID must not be empty")
 	}
 
@@ -277,10 +280,19 @@ func pluginDir() string {
 
 // env is the shim's environment with the CNI variables set.
 func (c *call) env(binDir, cniArgs string) []string {
+	netns := c.netns
+	if c.op == "DEL" {
+		// CNI wants DEL to succeed when the pod's namespace is gone, and
+		// the plugins clean up what is outside it when CNI_NETNS is unset;
+		// skeind binds no netns into the sandbox when it is gone.
+		if _, err := os.Stat(netns); err != nil {
+			netns = ""
+		}
+	}
 	set := map[string]string{
 		"CNI_COMMAND":     c.op,
 		"CNI_CONTAINERID": c.id,
-		"CNI_NETNS":       c.netns,
+		"CNI_NETNS":       netns,
 		"CNI_IFNAME":      c.ifname,
 		"CNI_PATH":        binDir,
 		"CNI_ARGS":        cniArgs,

@@ -199,3 +199,31 @@ func TestImports(t *testing.T) {
 		}
 	}
 }
+
+// TestDelNetNSGone: a DEL whose netns no longer exists runs the plugin
+// without CNI_NETNS (CNI: DEL must succeed, freeing what is outside the
+// namespace) instead of passing a path the plugin cannot open.
+func TestDelNetNSGone(t *testing.T) {
+	bin := fakePlugin(t, "fake", "")
+	state := t.TempDir()
+	conf := `{"cniVersion":"1.0.0","name":"n1","type":"fake"}`
+	gone := filepath.Join(t.TempDir(), "pod-ns")
+	got := invoke(t, bin, state, []string{"/opt/network/del", gone, "c0ffee", "eth1"}, conf)
+	if got.code != 0 {
+		t.Fatalf("del: %+v", got)
+	}
+	env, _ := os.ReadFile(filepath.Join(bin, "env"))
+	if !strings.Contains(string(env), "CNI_COMMAND=DEL\n") || strings.Contains(string(env), "CNI_NETNS") {
+		t.Errorf("del env:\n%s\nwant DEL without CNI_NETNS", env)
+	}
+	// None at all (a CNI DEL without CNI_NETNS) is fine too.
+	if got := invoke(t, bin, state, []string{"/opt/network/del", "", "c0ffee", "eth1"}, conf); got.code != 0 {
+		t.Errorf("del without a netns: %+v", got)
+	}
+	// One that exists is passed.
+	here := t.TempDir()
+	invoke(t, bin, state, []string{"/opt/network/del", here, "c0ffee", "eth1"}, conf)
+	if env, _ := os.ReadFile(filepath.Join(bin, "env")); !strings.Contains(string(env), "CNI_NETNS="+here+"\n") {
+		t.Errorf("del env:\n%s\nwant CNI_NETNS=%s", env, here)
+	}
+}

@@ -67,7 +67,14 @@ func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a Att
 	if err != nil {
 		return nil, err
 	}
-	r, err := runner.Run(ctx, rec.ID, p.Call(op, rec.NetNS, rec.ID, a.IfName))
+	spec := p.Call(op, rec.NetNS, rec.ID, a.IfName)
+	if op == sandbox.OpDel && isNetNS(rec.NetNS) != nil {
+		// The pod's namespace is gone (CNI: DEL must still succeed): the
+		// plugin gets its path as the argument but nothing is bound there,
+		// so it frees what lives outside the namespace.
+		spec.NetNS = ""
+	}
+	r, err := runner.Run(ctx, rec.ID, spec)
 	if err != nil {
 		return nil, err
 	}

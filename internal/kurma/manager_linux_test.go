@@ -16,6 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/skeinnet/skein/internal/kurma"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -363,4 +364,27 @@ func TestRecoverInterruptedAdd(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.assertNothingLeft(uuid1, ns)
+}
+
+// TestDetachNetNSGone: the pod's namespace is removed before its networks
+// are (CNI: DEL must succeed then); detach runs every del anyway, with the
+// namespace's path as the argument and nothing bound there, and leaves no
+// record and no pool address.
+func TestDetachNetNSGone(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	ctx := context.Background()
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("pods", "good")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Remove(ns.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatalf("detach with the netns gone: %v", err)
+	}
+	w.assertNothingLeft(uuid1, nil)
+	if _, err := os.Stat(filepath.Join(w.state, "good", "del-"+uuid1+"-net1")); err != nil {
+		t.Errorf("the del's marker: %v", err)
+	}
 }

@@ -55,7 +55,8 @@ func main() {
 	logLine(fmt.Sprintf("%d %s %s %s %s", time.Now().UnixNano(), op, c.Name, uuid, ifname))
 	switch op {
 	case "del":
-		if ifname != "" {
+		if _, err := os.Stat(nsPath); err == nil && ifname != "" {
+			// (a gone namespace took its links with it)
 			if err := withLinks(nsPath, func(h *netlink.Handle) error {
 				l, err := h.LinkByName(ifname)
 				if err != nil {
