@@ -75,6 +75,10 @@ type Options struct {
 	// LinkNames lists the interfaces of a network namespace (to keep
 	// rendered names unique); nil = netlink.
 	LinkNames func(netns string) ([]string, error)
+	// CheckNetNS, when set, refuses a pod namespace Attach must not use
+	// (the host's, the node's, skeind's own); its error fails the Attach
+	// with ErrBadRequest before anything changes.
+	CheckNetNS func(netns string) error
 }
 
 // Manager attaches pods to pod networks and detaches them. Its methods are
@@ -94,6 +98,7 @@ type Manager struct {
 	pools    Pools
 	log      *slog.Logger
 	links    func(string) ([]string, error)
+	checkNS  func(string) error
 	locks    keylock.Locks
 
 	mu     sync.Mutex
@@ -126,7 +131,7 @@ func NewManager(o Options) (*Manager, error) {
 	}
 	m := &Manager{
 		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
-		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, active: map[string]*netState{},
+		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, checkNS: o.CheckNetNS, active: map[string]*netState{},
 	}
 	return m, nil
 }
@@ -282,6 +287,11 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	}
 	if err := checkPod(req.ID, req.NetNS); err != nil {
 		return res, err
+	}
+	if m.checkNS != nil {
+		if err := m.checkNS(req.NetNS); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
 	}
 	unlock := m.locks.Lock(req.ID)
 	defer unlock()

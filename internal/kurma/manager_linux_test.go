@@ -198,6 +198,7 @@ func TestBadInput(t *testing.T) {
 		{"bad pod id", kurma.AttachRequest{ID: "../x", NetNS: ns.Path()}, "pod id", nil},
 		{"proc netns", kurma.AttachRequest{ID: uuid1, NetNS: "/proc/1/ns/net"}, "pin the namespace", nil},
 		{"missing netns", kurma.AttachRequest{ID: uuid1, NetNS: "/run/netns/kurma-missing"}, "netns", nil},
+		{"the node's netns", kurma.AttachRequest{ID: uuid1, NetNS: w.node.Path(), Networks: sel("good")}, "node's network namespace", nil},
 		{"bad image", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "noimage")}, "nonexistent", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
