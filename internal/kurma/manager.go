@@ -155,16 +155,22 @@ func (m *Manager) sandbox() (*sandbox.Sandbox, *sandbox.Runner, error) {
 // Networks removed or changed stop their main exec; pods attached to them
 // keep their records, and their del still runs from those.
 func (m *Manager) SetNetworks(nets []Network) {
+	stale := map[string]*netState{}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.nets = append([]Network(nil), nets...)
 	for name, s := range m.active {
 		n, ok := Find(nets, name)
 		if ok && string(n.Raw) == string(s.raw) {
 			continue
 		}
-		s.close(m.log, name)
+		stale[name] = s
 		delete(m.active, name)
+	}
+	m.mu.Unlock()
+	// Stopping a main exec takes a while: not under m.mu, which every
+	// Attach takes.
+	for name, s := range stale {
+		s.close(m.log, name)
 	}
 }
 

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -42,6 +44,10 @@ func main() {
 		logLine(fmt.Sprintf("%d main %s", time.Now().UnixNano(), c.Name))
 		if c.Main == "die" {
 			fail("main exec told to die")
+		}
+		if c.Main == "ignore-term" {
+			// Like a C program's pause(): as PID 1 it never sees SIGTERM.
+			signal.Ignore(syscall.SIGTERM)
 		}
 		for {
 			time.Sleep(time.Hour)
