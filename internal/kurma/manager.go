@@ -511,7 +511,7 @@ func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a A
 				return a, err
 			}
 		}
-		a.Image, a.Digest = p.net.Image, s.img.Digest
+		a.Image, a.Digest, a.Insecure = p.net.Image, s.img.Digest, p.net.Ref.Insecure
 	}
 	// 1. the intent, durable before anything runs
 	rec.Attachments = append(rec.Attachments, a)
