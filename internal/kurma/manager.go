@@ -327,8 +327,12 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 			}
 			continue
 		}
-		if _, err := m.ensure(ctx, p.net); err != nil && !p.net.Optional {
+		_, release, err := m.ensure(ctx, p.net)
+		if err != nil && !p.net.Optional {
 			return res, err
+		}
+		if err == nil {
+			release()
 		}
 	}
 
@@ -424,26 +428,37 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 }
 
 // ensure returns the network's active state, acquiring its image and
-// starting its main exec on first use.
-func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
+// starting its main exec on first use, and a reference of the caller's own
+// to its image (release it when done): the state's may be dropped at any
+// moment by a reload, and the image pruned with it.
+func (m *Manager) ensure(ctx context.Context, n Network) (*netState, func(), error) {
 	if m.images == nil {
-		return nil, fmt.Errorf("network %q: no image cache configured", n.Name)
+		return nil, nil, fmt.Errorf("network %q: no image cache configured", n.Name)
 	}
 	sb, _, err := m.sandbox()
 	if err != nil {
-		return nil, fmt.Errorf("network %q: %w", n.Name, err)
+		return nil, nil, fmt.Errorf("network %q: %w", n.Name, err)
+	}
+	// hold takes the caller's reference while s still holds its own (under
+	// m.mu for a state in m.active: a reload drops it from there first).
+	hold := func(s *netState) (*netState, func(), error) {
+		_, release, err := m.images.Lookup(s.img.Digest)
+		if err != nil {
+			return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+		}
+		return s, release, nil
 	}
 	m.mu.Lock()
 	if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
-		m.mu.Unlock()
-		return s, nil
+		defer m.mu.Unlock()
+		return hold(s)
 	}
 	m.mu.Unlock()
 
 	// Fetching may take long: not under m.mu.
 	img, release, err := m.images.Acquire(ctx, n.Ref)
 	if err != nil {
-		return nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+		return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
 	}
 	s := &netState{raw: n.Raw, img: img, release: release}
 	if len(img.MainExec) > 0 {
@@ -463,7 +478,7 @@ func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
 		}
 		if err != nil {
 			release()
-			return nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
+			return nil, nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
 		}
 	}
 	m.mu.Lock()
@@ -471,18 +486,19 @@ func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
 	if cur := m.active[n.Name]; cur != nil {
 		if string(cur.raw) == string(n.Raw) {
 			s.close(m.log, n.Name) // lost a race to another pod's attach
-			return cur, nil
+			return hold(cur)
 		}
 		cur.close(m.log, n.Name)
 	}
 	// Only keep it while the network is still configured as it was.
 	if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) {
-		defer s.close(m.log, n.Name)
 		delete(m.active, n.Name)
-		return s, nil
+		held, rel, err := hold(s)
+		s.close(m.log, n.Name)
+		return held, rel, err
 	}
 	m.active[n.Name] = s
-	return s, nil
+	return hold(s)
 }
 
 func (m *Manager) stateDir(network string) (string, error) {
@@ -503,9 +519,13 @@ func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a A
 	}
 	var s *netState
 	if !p.net.Builtin() {
-		if s, err = m.ensure(ctx, p.net); err != nil {
+		// The image stays ours until the add is done (and the record,
+		// which keeps it from being pruned, written).
+		var release func()
+		if s, release, err = m.ensure(ctx, p.net); err != nil {
 			return a, err
 		}
+		defer release()
 		if s.sv != nil {
 			if err := s.sv.Err(); err != nil {
 				return a, err
