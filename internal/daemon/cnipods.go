@@ -201,11 +201,18 @@ func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 		if r.Owner != cniOwner(conf.Name) || valid[r.ID] || busy[podAddKey(r.ID)] || !r.Created.Before(since) {
 			continue
 		}
-		if err := pods.Detach(ctx, r.ID); err != nil {
+		// Checked again under the pod's lock: it may have been deleted
+		// and added again since the list.
+		detached, err := pods.DetachIf(ctx, r.ID, func(cur kurma.PodRecord) bool {
+			return cur.Owner == cniOwner(conf.Name) && cur.Created.Before(since)
+		})
+		if err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", r.ID, err))
 			continue
 		}
-		s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "network", conf.Name)
+		if detached {
+			s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "network", conf.Name)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return types.NewError(types.ErrInternal, "gc: "+err.Error(), "")

@@ -180,3 +180,42 @@ func TestReloadStopsMainExecPromptly(t *testing.T) {
 	w.assertNothingLeft("pod-other", other)
 }
 
+// TestGCReattached: a pod detached and attached again between GC's list
+// and its detach is not garbage any more (its record is newer than since):
+// GC leaves it. keep, called between the two, is the hook that does it.
+func TestGCReattached(t *testing.T) {
+	w := newWorld(t, testNets)
+	ctx := context.Background()
+	ns := w.pod()
+	attach := func() {
+		t.Helper()
+		if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: "pod-a", NetNS: ns.Path(), Networks: sel("pods", "good")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attach()
+	since := time.Now()
+	time.Sleep(10 * time.Millisecond)
+	again := func(id string) bool {
+		if err := w.pods.Detach(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		attach()
+		return false
+	}
+	gone, err := w.pods.GC(ctx, since, again)
+	if err != nil || len(gone) != 0 {
+		t.Fatalf("GC removed %v, %v; want nothing (the pod was attached again)", gone, err)
+	}
+	st, err := w.pods.Status(ctx, "pod-a")
+	if err != nil || len(st.Attachments) != 2 {
+		t.Fatalf("the re-attached pod: %+v, %v", st, err)
+	}
+	if got := links(t, ns); !equal(got, []string{"eth0", "net1"}) {
+		t.Errorf("re-attached pod's interfaces %v", got)
+	}
+	if err := w.pods.Detach(ctx, "pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft("pod-a", ns)
+}

@@ -587,14 +587,35 @@ func (m *Manager) detachOne(ctx context.Context, rec *PodRecord, a AttachmentRec
 // fails, the others still run, the failed ones stay recorded, and the
 // error lists them.
 func (m *Manager) Detach(ctx context.Context, id string) error {
+	_, err := m.DetachIf(ctx, id, nil)
+	return err
+}
+
+// DetachIf is Detach when still, given the pod's record as it is once the
+// pod's calls are serialized, says so (nil: always). A collector checks
+// there that the record it decided on is the one it removes, not the same
+// pod attached again since. It reports whether it detached.
+func (m *Manager) DetachIf(ctx context.Context, id string, still func(PodRecord) bool) (bool, error) {
+	return m.detach(ctx, id, still, nil)
+}
+
+// detach is DetachIf; lost, when set, runs under the pod's lock if the pod
+// has no record.
+func (m *Manager) detach(ctx context.Context, id string, still func(PodRecord) bool, lost func() error) (bool, error) {
 	if err := checkPod(id, ""); err != nil {
-		return err
+		return false, err
 	}
 	unlock := m.locks.Lock(id)
 	defer unlock()
 	rec, found, err := m.getRecord(ctx, id)
+	if err == nil && !found && lost != nil {
+		err = lost()
+	}
 	if err != nil || !found {
-		return err
+		return false, err
+	}
+	if still != nil && !still(rec) {
+		return false, nil
 	}
 	var errs []error
 	for i := len(rec.Attachments) - 1; i >= 0; i-- {
@@ -603,7 +624,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		}
 	}
 	m.prune(ctx)
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
 // Status returns the pod's record; ErrUnknownPod when it has none.
@@ -670,11 +691,14 @@ func (m *Manager) GC(ctx context.Context, since time.Time, keep func(id string) 
 		if keep(r.ID) || !r.Created.Before(since) {
 			continue
 		}
-		if err := m.Detach(ctx, r.ID); err != nil {
+		detached, err := m.DetachIf(ctx, r.ID, func(cur PodRecord) bool { return cur.Created.Before(since) })
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		gone = append(gone, r.ID)
+		if detached {
+			gone = append(gone, r.ID)
+		}
 	}
 	return gone, errors.Join(errs...)
 }
