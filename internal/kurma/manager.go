@@ -599,6 +599,60 @@ func (m *Manager) DetachIf(ctx context.Context, id string, still func(PodRecord)
 	return m.detach(ctx, id, still, nil)
 }
 
+// DetachLost is Detach for a front door that knows what the pod asked for
+// (the CNI meta mode's DEL, which may come after the store lost the
+// record). With a record it is Detach. Without one it frees what it still
+// can, under the pod's lock (no attach of the pod runs meanwhile): first
+// orphans (the caller's: what skeind's own pools hold for the pod), then,
+// in reverse order, a del of each image network of req.Networks (the
+// defaults when empty) from the current config, each failure logged (a
+// del is idempotent; the network may have changed since). A pod in no
+// config and no record has nothing left to do.
+func (m *Manager) DetachLost(ctx context.Context, req AttachRequest, orphans func(context.Context) error) error {
+	_, err := m.detach(ctx, req.ID, nil, func() error {
+		var err error
+		if orphans != nil {
+			err = orphans(ctx)
+		}
+		m.delUnrecorded(ctx, req)
+		return err
+	})
+	return err
+}
+
+// delUnrecorded runs the best-effort dels of DetachLost.
+func (m *Manager) delUnrecorded(ctx context.Context, req AttachRequest) {
+	nets := m.Networks()
+	sels := req.Networks
+	if len(sels) == 0 {
+		for _, name := range Defaults(nets) {
+			sels = append(sels, Selection{Network: name})
+		}
+	}
+	rec := PodRecord{ID: req.ID, NetNS: req.NetNS}
+	for i := len(sels) - 1; i >= 0; i-- {
+		n, ok := Find(nets, sels[i].Network)
+		if !ok || n.Builtin() {
+			continue
+		}
+		ifname := sels[i].IfName
+		if ifname == "" {
+			// As the add rendered it, unless the template is random.
+			ifname, _ = RenderIfName(n.ContainerInterface, req.ID, i, map[string]bool{})
+		}
+		s, release, err := m.ensure(ctx, n)
+		if err == nil {
+			a := AttachmentRecord{Network: n.Name, IfName: ifname, Config: n.Raw, Image: n.Image,
+				Digest: s.img.Digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
+			err = m.del(ctx, &rec, a)
+			release()
+		}
+		if err != nil {
+			m.log.Warn("del of an unrecorded pod network failed", "pod", req.ID, "network", n.Name, "err", err)
+		}
+	}
+}
+
 // detach is DetachIf; lost, when set, runs under the pod's lock if the pod
 // has no record.
 func (m *Manager) detach(ctx context.Context, id string, still func(PodRecord) bool, lost func() error) (bool, error) {
