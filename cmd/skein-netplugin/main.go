@@ -11,7 +11,10 @@
 // skein-netplugin, the first argument names it). CNI_PATH is the cni/bin
 // directory beside the directory holding the shim (/opt/network/add →
 // /opt/cni/bin), so an unpacked image works the same outside a sandbox.
-// CNI_ARGS, when the caller sets it, is passed on. On DEL, CNI_NETNS is
+// CNI_ARGS in the shim's own environment is passed on; skeind never sets
+// it (the Kurma contract has no place for it, and the image's environment
+// is all a sandboxed call gets), so it only matters when the shim is run
+// by hand or by another runtime. On DEL, CNI_NETNS is
 // left unset when NETNS does not exist (the pod's namespace is gone): the
 // plugins then free what lives outside it, as CNI asks.
 //
@@ -39,6 +42,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -318,11 +323,10 @@ func (c *call) resultPath(state string) string {
 	if fi, err := os.Stat(state); err != nil || !fi.IsDir() {
 		return ""
 	}
-	key := c.name + "_" + c.id + "_" + c.ifname
-	if strings.ContainsAny(key, "/\x00") || len(key) > 240 {
-		return ""
-	}
-	return filepath.Join(state, resultsDir, key+".json")
+	// A hash of the three, NUL-separated (none holds a NUL): joined with
+	// a character they may contain, two calls could share a key.
+	sum := sha256.Sum256([]byte(c.name + "\x00" + c.id + "\x00" + c.ifname))
+	return filepath.Join(state, resultsDir, hex.EncodeToString(sum[:])+".json")
 }
 
 // withPrevResult adds the kept ADD result as prevResult when the config has

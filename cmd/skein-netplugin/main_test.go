@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,7 +71,7 @@ func TestAddDel(t *testing.T) {
 	if stdin, _ := os.ReadFile(filepath.Join(bin, "stdin")); string(stdin) != conf {
 		t.Errorf("add stdin %q, want the config unchanged", stdin)
 	}
-	kept := filepath.Join(state, resultsDir, "n1_c0ffee_eth1.json")
+	kept := (&call{name: "n1", id: "c0ffee", ifname: "eth1"}).resultPath(state)
 	if b, err := os.ReadFile(kept); err != nil || strings.TrimSpace(string(b)) != result {
 		t.Errorf("kept result %q %v", b, err)
 	}
@@ -225,5 +226,30 @@ func TestDelNetNSGone(t *testing.T) {
 	invoke(t, bin, state, []string{"/opt/network/del", here, "c0ffee", "eth1"}, conf)
 	if env, _ := os.ReadFile(filepath.Join(bin, "env")); !strings.Contains(string(env), "CNI_NETNS="+here+"\n") {
 		t.Errorf("del env:\n%s\nwant CNI_NETNS=%s", env, here)
+	}
+}
+
+// TestResultKeys: the kept results of different (network, container,
+// interface) triples never share a file, even where a plain join with
+// '_' would ("a_b"+"c" and "a"+"b_c").
+func TestResultKeys(t *testing.T) {
+	state := t.TempDir()
+	seen := map[string]string{}
+	for _, c := range []call{
+		{name: "a_b", id: "c", ifname: "eth0"},
+		{name: "a", id: "b_c", ifname: "eth0"},
+		{name: "a", id: "b", ifname: "c_eth0"},
+		{name: "a", id: "b_c_eth0"},
+		{name: "a", id: "b/c", ifname: "eth0"},
+	} {
+		p := c.resultPath(state)
+		if p == "" || filepath.Dir(p) != filepath.Join(state, resultsDir) {
+			t.Errorf("%+v: result path %q, want one under %s", c, p, resultsDir)
+			continue
+		}
+		if other, dup := seen[p]; dup {
+			t.Errorf("%+v and %s share the kept result %s", c, other, p)
+		}
+		seen[p] = fmt.Sprintf("%+v", c)
 	}
 }
