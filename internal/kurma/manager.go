@@ -671,13 +671,17 @@ func (m *Manager) detach(ctx context.Context, id string, still func(PodRecord) b
 	if still != nil && !still(rec) {
 		return false, nil
 	}
+	// Once begun, a detach runs to its end: a del cut short, or a record
+	// not updated after a del that ran, would only leave work for a retry
+	// (the plugin calls have their own timeouts).
+	bg := context.WithoutCancel(ctx)
 	var errs []error
 	for i := len(rec.Attachments) - 1; i >= 0; i-- {
-		if err := m.detachOne(ctx, &rec, rec.Attachments[i]); err != nil {
+		if err := m.detachOne(bg, &rec, rec.Attachments[i]); err != nil {
 			errs = append(errs, fmt.Errorf("detach pod %s from network %q: %w", id, rec.Attachments[i].Network, err))
 		}
 	}
-	m.prune(ctx)
+	m.prune(bg)
 	return true, errors.Join(errs...)
 }
 

@@ -389,3 +389,23 @@ func TestDetachNetNSGone(t *testing.T) {
 		t.Errorf("the del's marker: %v", err)
 	}
 }
+
+// TestDetachOutlivesCaller: the caller gives up (its context is cancelled)
+// while a del runs; the detach still finishes: the del is not killed, the
+// record is removed, nothing is left for a retry.
+func TestDetachOutlivesCaller(t *testing.T) {
+	w := newWorld(t, `[{"name":"slowdel","image":"%IMG%","type":"test","mode":"ok","addr":"10.1.0.5/24","delMS":600,"containerInterface":"net0"}]`)
+	ns := w.pod()
+	if _, err := w.pods.Attach(context.Background(), kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("slowdel")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(150*time.Millisecond, cancel)
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatalf("detach whose caller gave up: %v", err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+	if _, err := os.Stat(filepath.Join(w.state, "slowdel", "del-"+uuid1+"-net0")); err != nil {
+		t.Errorf("the del did not finish: %v", err)
+	}
+}

@@ -25,6 +25,8 @@ type config struct {
 	Name string `json:"name"`
 	Mode string `json:"mode"`
 	Addr string `json:"addr"`
+	// DelMS makes del take this long (a slow del).
+	DelMS int `json:"delMS"`
 }
 
 const state = "/var/lib/network"
@@ -61,6 +63,7 @@ func main() {
 	logLine(fmt.Sprintf("%d %s %s %s %s", time.Now().UnixNano(), op, c.Name, uuid, ifname))
 	switch op {
 	case "del":
+		time.Sleep(time.Duration(c.DelMS) * time.Millisecond)
 		if _, err := os.Stat(nsPath); err == nil && ifname != "" {
 			// (a gone namespace took its links with it)
 			if err := withLinks(nsPath, func(h *netlink.Handle) error {
