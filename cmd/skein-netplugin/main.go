@@ -11,7 +11,12 @@
 // skein-netplugin, the first argument names it). CNI_PATH is the cni/bin
 // directory beside the directory holding the shim (/opt/network/add →
 // /opt/cni/bin), so an unpacked image works the same outside a sandbox.
-// CNI_ARGS, when the caller sets it, is passed on.
+// CNI_ARGS in the shim's own environment is passed on; skeind never sets
+// it (the Kurma contract has no place for it, and the image's environment
+// is all a sandboxed call gets), so it only matters when the shim is run
+// by hand or by another runtime. On DEL, CNI_NETNS is
+// left unset when NETNS does not exist (the pod's namespace is gone): the
+// plugins then free what lives outside it, as CNI asks.
 //
 // What the shim adds to a bare exec (the reason it is not a shell script):
 //   - a missing or unusable plugin, a config without a type, a missing
@@ -37,6 +42,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -156,7 +163,8 @@ func parse(argv []string, stdin io.Reader) (*call, error) {
 	if len(args) == 3 {
 		c.ifname = args[2]
 	}
-	if c.netns == "" || c.id == "" {
+	// A DEL may come without a netns (CNI allows it: the pod is gone).
+	if (c.netns == "" && c.op != "DEL") || c.id == "" {
 		return nil, errorf(codeInvalidEnv, "netns path and container UUID must not be empty")
 	}
 
@@ -277,10 +285,19 @@ func pluginDir() string {
 
 // env is the shim's environment with the CNI variables set.
 func (c *call) env(binDir, cniArgs string) []string {
+	netns := c.netns
+	if c.op == "DEL" {
+		// CNI wants DEL to succeed when the pod's namespace is gone, and
+		// the plugins clean up what is outside it when CNI_NETNS is unset;
+		// skeind binds no netns into the sandbox when it is gone.
+		if _, err := os.Stat(netns); err != nil {
+			netns = ""
+		}
+	}
 	set := map[string]string{
 		"CNI_COMMAND":     c.op,
 		"CNI_CONTAINERID": c.id,
-		"CNI_NETNS":       c.netns,
+		"CNI_NETNS":       netns,
 		"CNI_IFNAME":      c.ifname,
 		"CNI_PATH":        binDir,
 		"CNI_ARGS":        cniArgs,
@@ -306,11 +323,10 @@ func (c *call) resultPath(state string) string {
 	if fi, err := os.Stat(state); err != nil || !fi.IsDir() {
 		return ""
 	}
-	key := c.name + "_" + c.id + "_" + c.ifname
-	if strings.ContainsAny(key, "/\x00") || len(key) > 240 {
-		return ""
-	}
-	return filepath.Join(state, resultsDir, key+".json")
+	// A hash of the three, NUL-separated (none holds a NUL): joined with
+	// a character they may contain, two calls could share a key.
+	sum := sha256.Sum256([]byte(c.name + "\x00" + c.id + "\x00" + c.ifname))
+	return filepath.Join(state, resultsDir, hex.EncodeToString(sum[:])+".json")
 }
 
 // withPrevResult adds the kept ADD result as prevResult when the config has

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,7 +71,7 @@ func TestAddDel(t *testing.T) {
 	if stdin, _ := os.ReadFile(filepath.Join(bin, "stdin")); string(stdin) != conf {
 		t.Errorf("add stdin %q, want the config unchanged", stdin)
 	}
-	kept := filepath.Join(state, resultsDir, "n1_c0ffee_eth1.json")
+	kept := (&call{name: "n1", id: "c0ffee", ifname: "eth1"}).resultPath(state)
 	if b, err := os.ReadFile(kept); err != nil || strings.TrimSpace(string(b)) != result {
 		t.Errorf("kept result %q %v", b, err)
 	}
@@ -197,5 +198,58 @@ func TestImports(t *testing.T) {
 		if strings.Contains(first, ".") && dep != "github.com/skeinnet/skein/cmd/skein-netplugin" {
 			t.Errorf("cmd/skein-netplugin imports %s; keep the shim to the standard library", dep)
 		}
+	}
+}
+
+// TestDelNetNSGone: a DEL whose netns no longer exists runs the plugin
+// without CNI_NETNS (CNI: DEL must succeed, freeing what is outside the
+// namespace) instead of passing a path the plugin cannot open.
+func TestDelNetNSGone(t *testing.T) {
+	bin := fakePlugin(t, "fake", "")
+	state := t.TempDir()
+	conf := `{"cniVersion":"1.0.0","name":"n1","type":"fake"}`
+	gone := filepath.Join(t.TempDir(), "pod-ns")
+	got := invoke(t, bin, state, []string{"/opt/network/del", gone, "c0ffee", "eth1"}, conf)
+	if got.code != 0 {
+		t.Fatalf("del: %+v", got)
+	}
+	env, _ := os.ReadFile(filepath.Join(bin, "env"))
+	if !strings.Contains(string(env), "CNI_COMMAND=DEL\n") || strings.Contains(string(env), "CNI_NETNS") {
+		t.Errorf("del env:\n%s\nwant DEL without CNI_NETNS", env)
+	}
+	// None at all (a CNI DEL without CNI_NETNS) is fine too.
+	if got := invoke(t, bin, state, []string{"/opt/network/del", "", "c0ffee", "eth1"}, conf); got.code != 0 {
+		t.Errorf("del without a netns: %+v", got)
+	}
+	// One that exists is passed.
+	here := t.TempDir()
+	invoke(t, bin, state, []string{"/opt/network/del", here, "c0ffee", "eth1"}, conf)
+	if env, _ := os.ReadFile(filepath.Join(bin, "env")); !strings.Contains(string(env), "CNI_NETNS="+here+"\n") {
+		t.Errorf("del env:\n%s\nwant CNI_NETNS=%s", env, here)
+	}
+}
+
+// TestResultKeys: the kept results of different (network, container,
+// interface) triples never share a file, even where a plain join with
+// '_' would ("a_b"+"c" and "a"+"b_c").
+func TestResultKeys(t *testing.T) {
+	state := t.TempDir()
+	seen := map[string]string{}
+	for _, c := range []call{
+		{name: "a_b", id: "c", ifname: "eth0"},
+		{name: "a", id: "b_c", ifname: "eth0"},
+		{name: "a", id: "b", ifname: "c_eth0"},
+		{name: "a", id: "b_c_eth0"},
+		{name: "a", id: "b/c", ifname: "eth0"},
+	} {
+		p := c.resultPath(state)
+		if p == "" || filepath.Dir(p) != filepath.Join(state, resultsDir) {
+			t.Errorf("%+v: result path %q, want one under %s", c, p, resultsDir)
+			continue
+		}
+		if other, dup := seen[p]; dup {
+			t.Errorf("%+v and %s share the kept result %s", c, other, p)
+		}
+		seen[p] = fmt.Sprintf("%+v", c)
 	}
 }

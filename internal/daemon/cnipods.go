@@ -92,8 +92,11 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	return nil, err
 }
 
-// delPods detaches all of the pod's networks (idempotent).
-func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest) error {
+// delPods detaches all of the pod's networks (idempotent). Without a
+// record of the pod (the store lost it) it still frees the pool addresses
+// held for the container and runs the dels of the networks the DEL names
+// (kurma.Manager.DetachLost).
+func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest, m metaConf) error {
 	if _, err := s.validateArgs(req, false); err != nil {
 		return err
 	}
@@ -101,10 +104,40 @@ func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest) error {
 	if err != nil {
 		return err
 	}
-	if err := pods.Detach(ctx, req.ContainerId); err != nil {
+	lost := kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns}
+	if sels, _, err := podSelections(m, req.Args, req.Ifname, kurma.Defaults(pods.Networks())); err == nil {
+		lost.Networks = sels
+	}
+	if err := pods.DetachLost(ctx, lost, func(ctx context.Context) error {
+		return s.detachPodPools(ctx, req.ContainerId, req.Netns)
+	}); err != nil {
 		return podsCNIError(err)
 	}
 	return nil
+}
+
+// detachPodPools removes the attachments skeind's pools made for pod
+// networks of container id (OwnerKurma).
+func (s *cniServer) detachPodPools(ctx context.Context, id, nsPath string) error {
+	atts, err := s.d.st.ListAttachments(ctx)
+	if err != nil {
+		return fmt.Errorf("list attachments: %w", err)
+	}
+	if nsPath != "" && netns.IsNetNS(nsPath) != nil {
+		nsPath = "" // gone: the host side is enough
+	}
+	var errs []error
+	for _, a := range atts {
+		if a.Owner != OwnerKurma || a.ContainerID != id {
+			continue
+		}
+		if _, err := s.d.Detach(ctx, a.AttachmentKey, nsPath); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", a.AttachmentKey, err))
+			continue
+		}
+		s.d.log.Info("cni: freed a pool attachment of a pod with no record", "key", a.AttachmentKey)
+	}
+	return errors.Join(errs...)
 }
 
 // checkPods: the pod is recorded, every network attached, every interface
@@ -201,11 +234,18 @@ func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 		if r.Owner != cniOwner(conf.Name) || valid[r.ID] || busy[podAddKey(r.ID)] || !r.Created.Before(since) {
 			continue
 		}
-		if err := pods.Detach(ctx, r.ID); err != nil {
+		// Checked again under the pod's lock: it may have been deleted
+		// and added again since the list.
+		detached, err := pods.DetachIf(ctx, r.ID, func(cur kurma.PodRecord) bool {
+			return cur.Owner == cniOwner(conf.Name) && cur.Created.Before(since)
+		})
+		if err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", r.ID, err))
 			continue
 		}
-		s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "network", conf.Name)
+		if detached {
+			s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "network", conf.Name)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return types.NewError(types.ErrInternal, "gc: "+err.Error(), "")

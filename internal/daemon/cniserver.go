@@ -175,11 +175,11 @@ func (s *cniServer) Del(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply
 // del succeeds when the netns, the link or the record is already gone: the
 // spec asks DEL to be idempotent.
 func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
-	if _, ok, err := readMeta(req.Netconf); err != nil || ok {
+	if m, ok, err := readMeta(req.Netconf); err != nil || ok {
 		if err != nil {
 			return err
 		}
-		return s.delPods(ctx, req)
+		return s.delPods(ctx, req, m)
 	}
 	conf, err := s.validateArgs(req, false)
 	if err != nil {

@@ -61,6 +61,7 @@ func (d *Daemon) startPods(ctx context.Context) error {
 		SandboxOptions: sandbox.Options{NodeNetNS: d.dpConfig.NodeNetNS},
 		StateDir:       filepath.Join(d.cfg.StateDir, "pod-networks"),
 		Pools:          podPools{d},
+		CheckNetNS:     d.checkPodNetNS,
 		Logger:         d.log.With("frontdoor", "pods"),
 	})
 	if err != nil {

@@ -45,7 +45,7 @@ func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) e
 	if errors.Is(err, image.ErrNotCached) {
 		// Pruned or lost: fetch the same digest again.
 		var ref image.Ref
-		if ref, err = image.Parse(image.Source{Image: a.Image, Digest: a.Digest, AllowTags: true}); err == nil {
+		if ref, err = image.Parse(refetchSource(a)); err == nil {
 			img, release, err = m.images.Acquire(ctx, ref)
 		}
 	}
@@ -55,6 +55,21 @@ func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) e
 	defer release()
 	_, err = m.call(ctx, sandbox.OpDel, rec, a, img)
 	return err
+}
+
+// refetchSource is where a del fetches a pruned image from: the recorded
+// reference and digest, plain http allowed if the add allowed it (the
+// record's flag, or the recorded config's for records older than it).
+func refetchSource(a AttachmentRecord) image.Source {
+	insecure := a.Insecure
+	if !insecure {
+		var c struct {
+			Insecure bool `json:"insecure"`
+		}
+		_ = json.Unmarshal(a.Config, &c)
+		insecure = c.Insecure
+	}
+	return image.Source{Image: a.Image, Digest: a.Digest, AllowTags: true, Insecure: insecure}
 }
 
 func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a AttachmentRecord, img image.Image) ([]byte, error) {
@@ -67,7 +82,14 @@ func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a Att
 	if err != nil {
 		return nil, err
 	}
-	r, err := runner.Run(ctx, rec.ID, p.Call(op, rec.NetNS, rec.ID, a.IfName))
+	spec := p.Call(op, rec.NetNS, rec.ID, a.IfName)
+	if op == sandbox.OpDel && isNetNS(rec.NetNS) != nil {
+		// The pod's namespace is gone (CNI: DEL must still succeed): the
+		// plugin gets its path as the argument but nothing is bound there,
+		// so it frees what lives outside the namespace.
+		spec.NetNS = ""
+	}
+	r, err := runner.Run(ctx, rec.ID, spec)
 	if err != nil {
 		return nil, err
 	}

@@ -121,3 +121,101 @@ func mainExecs(t *testing.T) int {
 	}
 	return n
 }
+
+// TestReloadStopsMainExecPromptly: a network whose main exec has no SIGTERM
+// handler (as PID 1 it would never see one) leaves the config while another
+// pod attaches: the main exec is killed at once, and neither the reload nor
+// the attach waits for a stop grace.
+func TestReloadStopsMainExecPromptly(t *testing.T) {
+	const nets = `[
+  {"name":"good","image":"%IMG%","type":"test","mode":"ok","addr":"10.1.0.5/24","containerInterface":"eth0"},
+  {"name":"stubborn","image":"%MAINIMG%","type":"test","main":"ignore-term","mode":"ok","addr":"10.4.0.5/24","containerInterface":"eth1"}
+]`
+	w := newWorld(t, nets)
+	ctx := context.Background()
+	ns := w.pod()
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("stubborn")}); err != nil {
+		t.Fatal(err)
+	}
+	// Let the main exec get as far as ignoring SIGTERM.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if b, _ := os.ReadFile(filepath.Join(w.state, "stubborn", "log")); strings.Contains(string(b), "main stubborn") {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the main exec did not start")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+
+	w.cfg.PodNetworks = netsJSON(`[{"name":"good","image":"%IMG%","type":"test","mode":"ok","addr":"10.1.0.5/24","containerInterface":"eth0"}]`)
+	reloaded := make(chan time.Duration, 1)
+	begin := time.Now()
+	go func() {
+		if err := w.d.ReloadPodNetworks(w.cfg); err != nil {
+			t.Error(err)
+		}
+		reloaded <- time.Since(begin)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	other := w.pod()
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: "pod-other", NetNS: other.Path(), Networks: sel("good")}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Errorf("an attach during the reload took %s", took)
+	}
+	if took := <-reloaded; took > 2*time.Second {
+		t.Errorf("the reload took %s (waited out the stop grace)", took)
+	}
+	if n := mainExecs(t); n != 0 {
+		t.Errorf("%d main execs still running after their network left the config", n)
+	}
+	for _, id := range []string{uuid1, "pod-other"} {
+		if err := w.pods.Detach(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.assertNothingLeft(uuid1, ns)
+	w.assertNothingLeft("pod-other", other)
+}
+
+// TestGCReattached: a pod detached and attached again between GC's list
+// and its detach is not garbage any more (its record is newer than since):
+// GC leaves it. keep, called between the two, is the hook that does it.
+func TestGCReattached(t *testing.T) {
+	w := newWorld(t, testNets)
+	ctx := context.Background()
+	ns := w.pod()
+	attach := func() {
+		t.Helper()
+		if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: "pod-a", NetNS: ns.Path(), Networks: sel("pods", "good")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attach()
+	since := time.Now()
+	time.Sleep(10 * time.Millisecond)
+	again := func(id string) bool {
+		if err := w.pods.Detach(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		attach()
+		return false
+	}
+	gone, err := w.pods.GC(ctx, since, again)
+	if err != nil || len(gone) != 0 {
+		t.Fatalf("GC removed %v, %v; want nothing (the pod was attached again)", gone, err)
+	}
+	st, err := w.pods.Status(ctx, "pod-a")
+	if err != nil || len(st.Attachments) != 2 {
+		t.Fatalf("the re-attached pod: %+v, %v", st, err)
+	}
+	if got := links(t, ns); !equal(got, []string{"eth0", "net1"}) {
+		t.Errorf("re-attached pod's interfaces %v", got)
+	}
+	if err := w.pods.Detach(ctx, "pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft("pod-a", ns)
+}

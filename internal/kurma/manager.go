@@ -75,6 +75,10 @@ type Options struct {
 	// LinkNames lists the interfaces of a network namespace (to keep
 	// rendered names unique); nil = netlink.
 	LinkNames func(netns string) ([]string, error)
+	// CheckNetNS, when set, refuses a pod namespace Attach must not use
+	// (the host's, the node's, skeind's own); its error fails the Attach
+	// with ErrBadRequest before anything changes.
+	CheckNetNS func(netns string) error
 }
 
 // Manager attaches pods to pod networks and detaches them. Its methods are
@@ -94,6 +98,7 @@ type Manager struct {
 	pools    Pools
 	log      *slog.Logger
 	links    func(string) ([]string, error)
+	checkNS  func(string) error
 	locks    keylock.Locks
 
 	mu     sync.Mutex
@@ -126,7 +131,7 @@ func NewManager(o Options) (*Manager, error) {
 	}
 	m := &Manager{
 		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
-		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, active: map[string]*netState{},
+		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, checkNS: o.CheckNetNS, active: map[string]*netState{},
 	}
 	return m, nil
 }
@@ -150,16 +155,22 @@ func (m *Manager) sandbox() (*sandbox.Sandbox, *sandbox.Runner, error) {
 // Networks removed or changed stop their main exec; pods attached to them
 // keep their records, and their del still runs from those.
 func (m *Manager) SetNetworks(nets []Network) {
+	stale := map[string]*netState{}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.nets = append([]Network(nil), nets...)
 	for name, s := range m.active {
 		n, ok := Find(nets, name)
 		if ok && string(n.Raw) == string(s.raw) {
 			continue
 		}
-		s.close(m.log, name)
+		stale[name] = s
 		delete(m.active, name)
+	}
+	m.mu.Unlock()
+	// Stopping a main exec takes a while: not under m.mu, which every
+	// Attach takes.
+	for name, s := range stale {
+		s.close(m.log, name)
 	}
 }
 
@@ -283,6 +294,11 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	if err := checkPod(req.ID, req.NetNS); err != nil {
 		return res, err
 	}
+	if m.checkNS != nil {
+		if err := m.checkNS(req.NetNS); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
+	}
 	unlock := m.locks.Lock(req.ID)
 	defer unlock()
 
@@ -311,8 +327,12 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 			}
 			continue
 		}
-		if _, err := m.ensure(ctx, p.net); err != nil && !p.net.Optional {
+		_, release, err := m.ensure(ctx, p.net)
+		if err != nil && !p.net.Optional {
 			return res, err
+		}
+		if err == nil {
+			release()
 		}
 	}
 
@@ -408,26 +428,37 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 }
 
 // ensure returns the network's active state, acquiring its image and
-// starting its main exec on first use.
-func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
+// starting its main exec on first use, and a reference of the caller's own
+// to its image (release it when done): the state's may be dropped at any
+// moment by a reload, and the image pruned with it.
+func (m *Manager) ensure(ctx context.Context, n Network) (*netState, func(), error) {
 	if m.images == nil {
-		return nil, fmt.Errorf("network %q: no image cache configured", n.Name)
+		return nil, nil, fmt.Errorf("network %q: no image cache configured", n.Name)
 	}
 	sb, _, err := m.sandbox()
 	if err != nil {
-		return nil, fmt.Errorf("network %q: %w", n.Name, err)
+		return nil, nil, fmt.Errorf("network %q: %w", n.Name, err)
+	}
+	// hold takes the caller's reference while s still holds its own (under
+	// m.mu for a state in m.active: a reload drops it from there first).
+	hold := func(s *netState) (*netState, func(), error) {
+		_, release, err := m.images.Lookup(s.img.Digest)
+		if err != nil {
+			return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+		}
+		return s, release, nil
 	}
 	m.mu.Lock()
 	if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
-		m.mu.Unlock()
-		return s, nil
+		defer m.mu.Unlock()
+		return hold(s)
 	}
 	m.mu.Unlock()
 
 	// Fetching may take long: not under m.mu.
 	img, release, err := m.images.Acquire(ctx, n.Ref)
 	if err != nil {
-		return nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+		return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
 	}
 	s := &netState{raw: n.Raw, img: img, release: release}
 	if len(img.MainExec) > 0 {
@@ -447,7 +478,7 @@ func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
 		}
 		if err != nil {
 			release()
-			return nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
+			return nil, nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
 		}
 	}
 	m.mu.Lock()
@@ -455,18 +486,19 @@ func (m *Manager) ensure(ctx context.Context, n Network) (*netState, error) {
 	if cur := m.active[n.Name]; cur != nil {
 		if string(cur.raw) == string(n.Raw) {
 			s.close(m.log, n.Name) // lost a race to another pod's attach
-			return cur, nil
+			return hold(cur)
 		}
 		cur.close(m.log, n.Name)
 	}
 	// Only keep it while the network is still configured as it was.
 	if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) {
-		defer s.close(m.log, n.Name)
 		delete(m.active, n.Name)
-		return s, nil
+		held, rel, err := hold(s)
+		s.close(m.log, n.Name)
+		return held, rel, err
 	}
 	m.active[n.Name] = s
-	return s, nil
+	return hold(s)
 }
 
 func (m *Manager) stateDir(network string) (string, error) {
@@ -487,15 +519,19 @@ func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a A
 	}
 	var s *netState
 	if !p.net.Builtin() {
-		if s, err = m.ensure(ctx, p.net); err != nil {
+		// The image stays ours until the add is done (and the record,
+		// which keeps it from being pruned, written).
+		var release func()
+		if s, release, err = m.ensure(ctx, p.net); err != nil {
 			return a, err
 		}
+		defer release()
 		if s.sv != nil {
 			if err := s.sv.Err(); err != nil {
 				return a, err
 			}
 		}
-		a.Image, a.Digest = p.net.Image, s.img.Digest
+		a.Image, a.Digest, a.Insecure = p.net.Image, s.img.Digest, p.net.Ref.Insecure
 	}
 	// 1. the intent, durable before anything runs
 	rec.Attachments = append(rec.Attachments, a)
@@ -551,23 +587,102 @@ func (m *Manager) detachOne(ctx context.Context, rec *PodRecord, a AttachmentRec
 // fails, the others still run, the failed ones stay recorded, and the
 // error lists them.
 func (m *Manager) Detach(ctx context.Context, id string) error {
-	if err := checkPod(id, ""); err != nil {
+	_, err := m.DetachIf(ctx, id, nil)
+	return err
+}
+
+// DetachIf is Detach when still, given the pod's record as it is once the
+// pod's calls are serialized, says so (nil: always). A collector checks
+// there that the record it decided on is the one it removes, not the same
+// pod attached again since. It reports whether it detached.
+func (m *Manager) DetachIf(ctx context.Context, id string, still func(PodRecord) bool) (bool, error) {
+	return m.detach(ctx, id, still, nil)
+}
+
+// DetachLost is Detach for a front door that knows what the pod asked for
+// (the CNI meta mode's DEL, which may come after the store lost the
+// record). With a record it is Detach. Without one it frees what it still
+// can, under the pod's lock (no attach of the pod runs meanwhile): first
+// orphans (the caller's: what skeind's own pools hold for the pod), then,
+// in reverse order, a del of each image network of req.Networks (the
+// defaults when empty) from the current config, each failure logged (a
+// del is idempotent; the network may have changed since). A pod in no
+// config and no record has nothing left to do.
+func (m *Manager) DetachLost(ctx context.Context, req AttachRequest, orphans func(context.Context) error) error {
+	_, err := m.detach(ctx, req.ID, nil, func() error {
+		var err error
+		if orphans != nil {
+			err = orphans(ctx)
+		}
+		m.delUnrecorded(ctx, req)
 		return err
+	})
+	return err
+}
+
+// delUnrecorded runs the best-effort dels of DetachLost.
+func (m *Manager) delUnrecorded(ctx context.Context, req AttachRequest) {
+	nets := m.Networks()
+	sels := req.Networks
+	if len(sels) == 0 {
+		for _, name := range Defaults(nets) {
+			sels = append(sels, Selection{Network: name})
+		}
+	}
+	rec := PodRecord{ID: req.ID, NetNS: req.NetNS}
+	for i := len(sels) - 1; i >= 0; i-- {
+		n, ok := Find(nets, sels[i].Network)
+		if !ok || n.Builtin() {
+			continue
+		}
+		ifname := sels[i].IfName
+		if ifname == "" {
+			// As the add rendered it, unless the template is random.
+			ifname, _ = RenderIfName(n.ContainerInterface, req.ID, i, map[string]bool{})
+		}
+		s, release, err := m.ensure(ctx, n)
+		if err == nil {
+			a := AttachmentRecord{Network: n.Name, IfName: ifname, Config: n.Raw, Image: n.Image,
+				Digest: s.img.Digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
+			err = m.del(ctx, &rec, a)
+			release()
+		}
+		if err != nil {
+			m.log.Warn("del of an unrecorded pod network failed", "pod", req.ID, "network", n.Name, "err", err)
+		}
+	}
+}
+
+// detach is DetachIf; lost, when set, runs under the pod's lock if the pod
+// has no record.
+func (m *Manager) detach(ctx context.Context, id string, still func(PodRecord) bool, lost func() error) (bool, error) {
+	if err := checkPod(id, ""); err != nil {
+		return false, err
 	}
 	unlock := m.locks.Lock(id)
 	defer unlock()
 	rec, found, err := m.getRecord(ctx, id)
-	if err != nil || !found {
-		return err
+	if err == nil && !found && lost != nil {
+		err = lost()
 	}
+	if err != nil || !found {
+		return false, err
+	}
+	if still != nil && !still(rec) {
+		return false, nil
+	}
+	// Once begun, a detach runs to its end: a del cut short, or a record
+	// not updated after a del that ran, would only leave work for a retry
+	// (the plugin calls have their own timeouts).
+	bg := context.WithoutCancel(ctx)
 	var errs []error
 	for i := len(rec.Attachments) - 1; i >= 0; i-- {
-		if err := m.detachOne(ctx, &rec, rec.Attachments[i]); err != nil {
+		if err := m.detachOne(bg, &rec, rec.Attachments[i]); err != nil {
 			errs = append(errs, fmt.Errorf("detach pod %s from network %q: %w", id, rec.Attachments[i].Network, err))
 		}
 	}
-	m.prune(ctx)
-	return errors.Join(errs...)
+	m.prune(bg)
+	return true, errors.Join(errs...)
 }
 
 // Status returns the pod's record; ErrUnknownPod when it has none.
@@ -634,11 +749,14 @@ func (m *Manager) GC(ctx context.Context, since time.Time, keep func(id string) 
 		if keep(r.ID) || !r.Created.Before(since) {
 			continue
 		}
-		if err := m.Detach(ctx, r.ID); err != nil {
+		detached, err := m.DetachIf(ctx, r.ID, func(cur PodRecord) bool { return cur.Created.Before(since) })
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		gone = append(gone, r.ID)
+		if detached {
+			gone = append(gone, r.ID)
+		}
 	}
 	return gone, errors.Join(errs...)
 }

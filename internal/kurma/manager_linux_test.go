@@ -16,6 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/skeinnet/skein/internal/kurma"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -197,6 +198,7 @@ func TestBadInput(t *testing.T) {
 		{"bad pod id", kurma.AttachRequest{ID: "../x", NetNS: ns.Path()}, "pod id", nil},
 		{"proc netns", kurma.AttachRequest{ID: uuid1, NetNS: "/proc/1/ns/net"}, "pin the namespace", nil},
 		{"missing netns", kurma.AttachRequest{ID: uuid1, NetNS: "/run/netns/kurma-missing"}, "netns", nil},
+		{"the node's netns", kurma.AttachRequest{ID: uuid1, NetNS: w.node.Path(), Networks: sel("good")}, "node's network namespace", nil},
 		{"bad image", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "noimage")}, "nonexistent", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -363,4 +365,47 @@ func TestRecoverInterruptedAdd(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.assertNothingLeft(uuid1, ns)
+}
+
+// TestDetachNetNSGone: the pod's namespace is removed before its networks
+// are (CNI: DEL must succeed then); detach runs every del anyway, with the
+// namespace's path as the argument and nothing bound there, and leaves no
+// record and no pool address.
+func TestDetachNetNSGone(t *testing.T) {
+	w := newWorld(t, testNets)
+	ns := w.pod()
+	ctx := context.Background()
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("pods", "good")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Remove(ns.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatalf("detach with the netns gone: %v", err)
+	}
+	w.assertNothingLeft(uuid1, nil)
+	if _, err := os.Stat(filepath.Join(w.state, "good", "del-"+uuid1+"-net1")); err != nil {
+		t.Errorf("the del's marker: %v", err)
+	}
+}
+
+// TestDetachOutlivesCaller: the caller gives up (its context is cancelled)
+// while a del runs; the detach still finishes: the del is not killed, the
+// record is removed, nothing is left for a retry.
+func TestDetachOutlivesCaller(t *testing.T) {
+	w := newWorld(t, `[{"name":"slowdel","image":"%IMG%","type":"test","mode":"ok","addr":"10.1.0.5/24","delMS":600,"containerInterface":"net0"}]`)
+	ns := w.pod()
+	if _, err := w.pods.Attach(context.Background(), kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("slowdel")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(150*time.Millisecond, cancel)
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatalf("detach whose caller gave up: %v", err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+	if _, err := os.Stat(filepath.Join(w.state, "slowdel", "del-"+uuid1+"-net0")); err != nil {
+		t.Errorf("the del did not finish: %v", err)
+	}
 }

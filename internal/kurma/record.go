@@ -43,11 +43,14 @@ type AttachmentRecord struct {
 	// same bytes).
 	Config json.RawMessage `json:"config"`
 	// Image and Digest name the plugin image ("" for a built-in network).
-	Image   string        `json:"image,omitempty"`
-	Digest  string        `json:"digest,omitempty"`
-	Pool    string        `json:"pool,omitempty"`
-	Timeout time.Duration `json:"timeout"`
-	State   string        `json:"state"`
+	Image  string `json:"image,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	// Insecure: the image may be fetched again over plain http (the
+	// network's "insecure"), for a del after it was pruned.
+	Insecure bool          `json:"insecure,omitempty"`
+	Pool     string        `json:"pool,omitempty"`
+	Timeout  time.Duration `json:"timeout"`
+	State    string        `json:"state"`
 	// Result is the 1.1.0 result of the add (StateAttached).
 	Result json.RawMessage `json:"result,omitempty"`
 	// Error is the last del failure (StateDelFailed).

@@ -1,13 +1,18 @@
 package kurma
 
 import (
+	"io/fs"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	types020 "github.com/containernetworking/cni/pkg/types/020"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -97,4 +102,109 @@ func TestMetaRestart(t *testing.T) {
 	if l, err := pods(t, d).List(ctx(t), &rpc.Empty{}); err != nil || len(l.Pods) != 0 {
 		t.Errorf("records: %v %v", l, err)
 	}
+	assertFreed(t, d, node, "restart-1", "kbr-r")
+}
+
+// assertFreed: nothing of pod id is left: no record, no skein attachment
+// (pool address), no host-local lease of a wrapped network (the lease
+// files hold the container ID), no veth on bridge in the node.
+func assertFreed(t *testing.T, d *skeintest.Daemon, node *harness.NS, id, bridge string) {
+	t.Helper()
+	l, err := pods(t, d).List(ctx(t), &rpc.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range l.Pods {
+		if p.Id == id {
+			t.Errorf("pod %s still recorded: %v", id, p)
+		}
+	}
+	for _, a := range d.Attachments(t) {
+		if a.ContainerId == id {
+			t.Errorf("skein attachment %s/%s of pod %s left, holding %v", a.Network, a.Ifname, id, a.Addresses)
+		}
+	}
+	if out, err := node.Exec(t, "ip", "-o", "link", "show", "master", bridge); err == nil && strings.TrimSpace(out) != "" {
+		t.Errorf("links left on %s: %s", bridge, out)
+	}
+	_ = filepath.WalkDir(filepath.Join(d.Dir, "state", "pod-networks"), func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() || strings.Contains(p, "skein-netplugin") {
+			return nil
+		}
+		if b, _ := os.ReadFile(p); strings.HasPrefix(string(b), id) {
+			t.Errorf("host-local lease %s of pod %s left", p, id)
+		}
+		return nil
+	})
+}
+
+// TestMetaDelNoRecord: the record of a meta-mode pod is lost (deleted
+// from the store while skeind was stopped); DEL still frees its pool
+// address (the attachment skeind's pool made for it) and, from the
+// current config, the wrapped bridge's lease and veth.
+func TestMetaDelNoRecord(t *testing.T) {
+	harness.RequireRoot(t)
+	bin := skeintest.Binaries(t)
+	img := packCNI(t, bin, "bridge", "host-local")
+	node := harness.NewNS(t, "node")
+	d := startSkeind(t, node, []map[string]any{
+		poolNet("pool", true),
+		bridgeNet("blue", "file://"+img.path, "", "kbr-l", "10.77.0.0/24"),
+	})
+	pod := harness.NewNS(t, "pod")
+	list := metaList(t, d)
+	rt := annotated("lost-1", pod.Path(), "pool,blue@net1")
+	if _, err := d.CNI().AddNetworkList(ctx(t), list, rt); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	d.Stop(t)
+	st, err := store.OpenBolt(filepath.Join(d.Dir, "state", "skein.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = st.PutMeta(ctx(t), "kurma-pods", "lost-1", nil)
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start(t)
+	if l, err := pods(t, d).List(ctx(t), &rpc.Empty{}); err != nil || len(l.Pods) != 0 {
+		t.Fatalf("records after deleting it: %v %v", l, err)
+	}
+	if err := d.CNI().DelNetworkList(ctx(t), list, rt); err != nil {
+		t.Fatalf("DEL without a record: %v\n%s", err, d.Log())
+	}
+	assertFreed(t, d, node, "lost-1", "kbr-l")
+	if links, _ := pod.Handle(t).LinkList(); len(links) != 1 {
+		t.Errorf("%d links left in the pod", len(links))
+	}
+}
+
+// TestMetaDelNetNSGone: the pod's namespace is removed before its DEL (CNI:
+// DEL must succeed then); the wrapped bridge's del still runs, without the
+// namespace, and frees its lease and veth; the pool's address is freed.
+func TestMetaDelNetNSGone(t *testing.T) {
+	harness.RequireRoot(t)
+	bin := skeintest.Binaries(t)
+	img := packCNI(t, bin, "bridge", "host-local")
+	node := harness.NewNS(t, "node")
+	d := startSkeind(t, node, []map[string]any{
+		poolNet("pool", true),
+		bridgeNet("blue", "file://"+img.path, "", "kbr-g", "10.77.0.0/24"),
+	})
+	pod := harness.NewNS(t, "pod")
+	list := metaList(t, d)
+	rt := annotated("gone-1", pod.Path(), "pool,blue@net1")
+	if _, err := d.CNI().AddNetworkList(ctx(t), list, rt); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if err := netns.Remove(pod.Path()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := d.CNI().DelNetworkList(ctx(t), list, rt); err != nil {
+			t.Fatalf("DEL #%d with the netns gone: %v\n%s", i+1, err, d.Log())
+		}
+	}
+	assertFreed(t, d, node, "gone-1", "kbr-g")
 }

@@ -56,7 +56,8 @@
 // or is killed at its timeout, the kernel kills everything it started, so a
 // forked helper never outlives its call. As an init it ignores signals it has
 // no handler for, except SIGKILL from outside, which is what the timeout and
-// Supervisor.Close (after a SIGTERM and a grace period) use. The whole tree
+// Supervisor.Close use (Close sends SIGTERM first, with a grace period,
+// only to a main exec that handles it: /proc/PID/status SigCgt). The whole tree
 // also gets SIGKILL if the process that started it (skeind) dies.
 //
 // Environment: PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -197,7 +199,15 @@ func (s *Sandbox) startCold(ctx context.Context, is *sandboxinit.Spec, stdin io.
 		cmd.WaitDelay = stop.grace
 	}
 	if stop.signal != 0 {
-		cmd.Cancel = func() error { return cmd.Process.Signal(stop.signal) }
+		cmd.Cancel = func() error {
+			// The executable is PID 1 of its namespace: a signal it has
+			// no handler for is dropped, and waiting out the grace for
+			// it would only stall the caller. Kill it at once then.
+			if !catches(cmd.Process.Pid, stop.signal) {
+				return cmd.Process.Kill()
+			}
+			return cmd.Process.Signal(stop.signal)
+		}
 	}
 	err = startLocked(cmd)
 	errW.Close()
@@ -331,4 +341,26 @@ func isDir(p string) error {
 		return fmt.Errorf("%s: not a directory", p)
 	}
 	return nil
+}
+
+// catches reports whether process pid has a handler for sig (the SigCgt
+// mask of /proc/PID/status); true when that cannot be read, so the caller
+// falls back to signalling and the grace.
+func catches(pid int, sig syscall.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		hex, ok := strings.CutPrefix(line, "SigCgt:")
+		if !ok {
+			continue
+		}
+		mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			return true
+		}
+		return mask&(1<<(uint(sig)-1)) != 0
+	}
+	return true
 }

@@ -31,7 +31,7 @@ type SupervisorOptions struct {
 	StableAfter time.Duration
 	// StopGrace is how long Close waits after SIGTERM before SIGKILL.
 	// Default 5 s. (As PID 1 of its namespace the main exec only sees
-	// SIGTERM if it handles it.)
+	// SIGTERM if it handles it; one without a handler is killed at once.)
 	StopGrace time.Duration
 	// Logger gets the main exec's output lines and its exits. Default
 	// slog.Default().
@@ -144,9 +144,10 @@ func (sv *Supervisor) Status() Status {
 	return sv.st
 }
 
-// Close stops the main exec (SIGTERM, SIGKILL after StopGrace; everything
-// it started dies with it) and the restarts. It returns when the tree is
-// gone. Safe to call more than once.
+// Close stops the main exec (SIGTERM if it has a handler for it, SIGKILL
+// after StopGrace or at once if not; everything it started dies with it)
+// and the restarts. It returns when the tree is gone. Safe to call more
+// than once.
 func (sv *Supervisor) Close() error {
 	sv.once.Do(func() {
 		sv.mu.Lock()

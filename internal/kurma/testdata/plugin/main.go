@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -23,6 +25,8 @@ type config struct {
 	Name string `json:"name"`
 	Mode string `json:"mode"`
 	Addr string `json:"addr"`
+	// DelMS makes del take this long (a slow del).
+	DelMS int `json:"delMS"`
 }
 
 const state = "/var/lib/network"
@@ -43,6 +47,10 @@ func main() {
 		if c.Main == "die" {
 			fail("main exec told to die")
 		}
+		if c.Main == "ignore-term" {
+			// Like a C program's pause(): as PID 1 it never sees SIGTERM.
+			signal.Ignore(syscall.SIGTERM)
+		}
 		for {
 			time.Sleep(time.Hour)
 		}
@@ -55,7 +63,9 @@ func main() {
 	logLine(fmt.Sprintf("%d %s %s %s %s", time.Now().UnixNano(), op, c.Name, uuid, ifname))
 	switch op {
 	case "del":
-		if ifname != "" {
+		time.Sleep(time.Duration(c.DelMS) * time.Millisecond)
+		if _, err := os.Stat(nsPath); err == nil && ifname != "" {
+			// (a gone namespace took its links with it)
 			if err := withLinks(nsPath, func(h *netlink.Handle) error {
 				l, err := h.LinkByName(ifname)
 				if err != nil {

@@ -97,6 +97,13 @@ func main() {
 		forkGrandchild(c.Token)
 		record("starts")
 		sleepForever()
+	case "handle-term":
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		record("starts")
+		<-term
+		record("term")
+		os.Exit(0)
 	case "watch":
 		watch(c.Dir)
 	default:
