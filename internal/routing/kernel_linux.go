@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
@@ -34,8 +35,10 @@ type KernelConfig struct {
 	// (both families) of the direct and vxlan modes. Default 2001.
 	RulePriority int
 	// LocalAddrs are this node's underlay addresses, at most one per
-	// family. The vxlan mode needs one: the first is the tunnel's local
-	// end and decides the underlay's family.
+	// family; only the vxlan mode uses (and checks) them, and needs one.
+	// The tunnel's local end is UnderlayAddr(LocalAddrs): the IPv4 address
+	// if there is one, else the IPv6 one; that decides the underlay's
+	// family. SetLocalAddrs changes them later.
 	LocalAddrs []netip.Addr
 	// VXLAN configures the vxlan mode's device.
 	VXLAN VXLANConfig
@@ -67,6 +70,7 @@ const deviceAlias = "skein:routing:vxlan"
 // at a time.
 type Kernel struct {
 	cfg    KernelConfig
+	local  []netip.Addr // LocalAddrs, as last set (SetLocalAddrs); under mu
 	h      *netlink.Handle
 	closeH func()
 	mu     sync.Mutex
@@ -88,7 +92,23 @@ func NewKernel(cfg KernelConfig) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
-	return &Kernel{cfg: cfg, h: h, closeH: closeH}, nil
+	return &Kernel{cfg: cfg, local: slices.Clone(cfg.LocalAddrs), h: h, closeH: closeH}, nil
+}
+
+// SetLocalAddrs replaces this node's underlay addresses (KernelConfig's
+// LocalAddrs), checked the same way, for the next Sync: in vxlan mode a
+// changed underlay address makes it recreate the device with the new
+// local end. Invalid addresses are refused and change nothing.
+func (k *Kernel) SetLocalAddrs(addrs []netip.Addr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.cfg.Mode == ModeVXLAN {
+		if err := validateLocalAddrs(addrs); err != nil {
+			return fmt.Errorf("routing: %w", err)
+		}
+	}
+	k.local = slices.Clone(addrs)
+	return nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -150,8 +170,17 @@ func validateKernelConfig(c KernelConfig) error {
 	case !validLinkName(c.VXLAN.Device):
 		return fmt.Errorf("vxlan device name %q is not a valid link name: %w", c.VXLAN.Device, ErrInvalid)
 	}
+	if c.Mode != ModeVXLAN {
+		return nil // only vxlan uses them: an odd address must not stop the others
+	}
+	return validateLocalAddrs(c.LocalAddrs)
+}
+
+// validateLocalAddrs checks this node's underlay addresses: unicast, at
+// most one per family, and at least one.
+func validateLocalAddrs(addrs []netip.Addr) error {
 	seen := map[bool]bool{}
-	for _, a := range c.LocalAddrs {
+	for _, a := range addrs {
 		if !a.IsValid() || a.Zone() != "" || a.Is4In6() || a.IsUnspecified() || a.IsMulticast() ||
 			a.IsLoopback() || a.IsLinkLocalUnicast() {
 			return fmt.Errorf("local address %q is not a usable unicast address: %w", a, ErrInvalid)
@@ -161,7 +190,7 @@ func validateKernelConfig(c KernelConfig) error {
 		}
 		seen[a.Is4()] = true
 	}
-	if c.Mode == ModeVXLAN && len(c.LocalAddrs) == 0 {
+	if len(addrs) == 0 {
 		return fmt.Errorf("vxlan mode needs a local (underlay) address: %w", ErrInvalid)
 	}
 	return nil

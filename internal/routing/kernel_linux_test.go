@@ -173,8 +173,8 @@ func TestBadConfig(t *testing.T) {
 		"mtu":           {VXLAN: routing.VXLANConfig{MTU: 67}},
 		"device slash":  {VXLAN: routing.VXLANConfig{Device: "a/b"}},
 		"device long":   {VXLAN: routing.VXLANConfig{Device: "abcdefghijklmnop"}},
-		"two v4":        {LocalAddrs: []netip.Addr{v4, ip("192.168.50.9")}},
-		"loopback":      {LocalAddrs: []netip.Addr{ip("127.0.0.1")}},
+		"two v4":        {Mode: routing.ModeVXLAN, LocalAddrs: []netip.Addr{v4, ip("192.168.50.9")}},
+		"loopback":      {Mode: routing.ModeVXLAN, LocalAddrs: []netip.Addr{ip("127.0.0.1")}},
 		"vxlan no addr": {Mode: routing.ModeVXLAN},
 	} {
 		c.NodeNetNS = n.ns.Path()
@@ -187,6 +187,16 @@ func TestBadConfig(t *testing.T) {
 	}
 	if _, err := routing.NewKernel(routing.KernelConfig{NodeNetNS: "/nonexistent/ns"}); err == nil {
 		t.Error("missing namespace accepted")
+	}
+	// Only vxlan uses the local addresses: an odd one (a Node's
+	// InternalIP, say) must not stop the other modes.
+	for _, mode := range []routing.Mode{routing.ModeExport, routing.ModeDirect} {
+		k, err := routing.NewKernel(routing.KernelConfig{Mode: mode, NodeNetNS: n.ns.Path(), LocalAddrs: []netip.Addr{ip("127.0.0.1"), v4, ip("192.168.50.9")}})
+		if err != nil {
+			t.Errorf("%s mode with odd local addresses: %v", mode, err)
+			continue
+		}
+		k.Close()
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, n.ns))
 }
