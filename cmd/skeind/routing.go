@@ -97,7 +97,11 @@ func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc
 	if r.events, err = routing.NewNodeEvents(rc, cfg.Node); err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
-	if r.loop, err = routing.NewLoop(routing.LoopOptions{Mode: mode, Source: r.watcher, Syncer: k, Events: r.events, Logger: log}); err != nil {
+	lo := routing.LoopOptions{Mode: mode, Source: r.watcher, Syncer: k, Events: r.events, Logger: log}
+	if cfg.Routing.NodeAddress == "" {
+		lo.SelfNode = cfg.Node // follow the Node's address as peers do
+	}
+	if r.loop, err = routing.NewLoop(lo); err != nil {
 		return nil, err
 	}
 	cfg.Routes = r.loop

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,12 @@ import (
 // returns none).
 type Syncer interface {
 	Sync(ctx context.Context, remotes []Remote) ([]Status, error)
+}
+
+// LocalSetter is a Syncer whose idea of this node's own addresses can
+// change (*Kernel: SetLocalAddrs); see LoopOptions.SelfNode.
+type LocalSetter interface {
+	SetLocalAddrs(addrs []netip.Addr) error
 }
 
 // Source is the cluster's routing view (*Watcher in production).
@@ -69,6 +76,12 @@ type LoopOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	// SyncTimeout bounds one sync; 0 = 1 minute.
 	SyncTimeout time.Duration
+	// SelfNode, if set, is this node's name: before each sync its
+	// addresses in the snapshot (annotation, else InternalIPs) are given
+	// to the Syncer if it is a LocalSetter, so a change of this node's
+	// address moves its own tunnel end as peers move to it. Empty (skeind
+	// --node-address fixed them) = never.
+	SelfNode string
 }
 
 // Loop keeps the kernel's remote routes equal to the cluster's blocks: it
@@ -89,6 +102,8 @@ type Loop struct {
 	syncMu    sync.Mutex
 	nodeState map[string]string // node → "" when routed, else why not
 	addrState map[string]string // node → its annotation problem
+	local     []netip.Addr      // last addresses given to the LocalSetter
+	localErr  string            // last refusal of them, logged once
 }
 
 // NewLoop returns a loop; Run runs it.
@@ -182,6 +197,7 @@ func (l *Loop) syncOnce(ctx context.Context) error {
 		l.m.observe(time.Since(start), err)
 		return fmt.Errorf("read the cluster's blocks: %w", err)
 	}
+	l.followSelf(snap)
 	st, err := l.o.Syncer.Sync(ctx, snap.Remotes)
 	l.m.observe(time.Since(start), err)
 	if st != nil || err == nil {
@@ -195,6 +211,31 @@ func (l *Loop) syncOnce(ctx context.Context) error {
 		return fmt.Errorf("sync %d remote blocks: %w", len(snap.Remotes), err)
 	}
 	return nil
+}
+
+// followSelf gives the Syncer this node's addresses from snap when they
+// changed (SelfNode). A Node without addresses changes nothing; addresses
+// the Syncer refuses are logged (once) and the previous ones stay.
+func (l *Loop) followSelf(snap Snapshot) {
+	ls, ok := l.o.Syncer.(LocalSetter)
+	if l.o.SelfNode == "" || !ok {
+		return
+	}
+	addrs := snap.Nodes[l.o.SelfNode].Addrs
+	if len(addrs) == 0 || slices.Equal(addrs, l.local) {
+		return
+	}
+	if err := ls.SetLocalAddrs(addrs); err != nil {
+		if msg := err.Error(); msg != l.localErr {
+			l.localErr = msg
+			l.log.Error("routing: this node's new addresses refused; keeping the previous ones", "addrs", addrs, "err", err)
+		}
+		return
+	}
+	if l.local != nil {
+		l.log.Info("routing: this node's addresses changed", "from", l.local, "to", addrs)
+	}
+	l.local, l.localErr = slices.Clone(addrs), ""
 }
 
 // report logs, events and counts each remote node's state, once per

@@ -470,3 +470,80 @@ func TestLoopSyncNowWhileRunning(t *testing.T) {
 		t.Error("no statuses after 200 syncs")
 	}
 }
+
+// localSyncer is a fakeSyncer that is a LocalSetter; it refuses loopback
+// addresses as the Kernel would.
+type localSyncer struct {
+	*fakeSyncer
+	lmu  sync.Mutex
+	sets [][]netip.Addr
+}
+
+func (s *localSyncer) SetLocalAddrs(addrs []netip.Addr) error {
+	for _, a := range addrs {
+		if a.IsLoopback() {
+			return fmt.Errorf("loopback %s: %w", a, ErrInvalid)
+		}
+	}
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	s.sets = append(s.sets, addrs)
+	return nil
+}
+
+func (s *localSyncer) lastSet() []netip.Addr {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if len(s.sets) == 0 {
+		return nil
+	}
+	return s.sets[len(s.sets)-1]
+}
+
+// With SelfNode, a change of this node's address in the API reaches the
+// Syncer before the next sync (it once stayed as read at start while peers
+// moved to the new one); refused addresses keep the previous ones; without
+// SelfNode (skeind --node-address) nothing is set.
+func TestLoopFollowsSelfAddress(t *testing.T) {
+	self := func(addr string) Snapshot {
+		s := snapOf(remote("10.1.2.0/24", "n2", "192.0.2.2"))
+		s.Nodes["n1"] = NodeInfo{Name: "n1", Addrs: []netip.Addr{netip.MustParseAddr(addr)}}
+		return s
+	}
+	src := newFakeSource(self("192.0.2.1"))
+	sy := &localSyncer{fakeSyncer: newFakeSyncer()}
+	l, err := NewLoop(LoopOptions{Source: src, Syncer: sy, SelfNode: "n1", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	step := func(addr, want string) {
+		t.Helper()
+		src.set(self(addr))
+		if err := l.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := sy.lastSet(); len(got) != 1 || got[0].String() != want {
+			t.Errorf("after this node's address became %s: Syncer's local %v, want %s", addr, got, want)
+		}
+	}
+	step("192.0.2.1", "192.0.2.1")
+	step("192.0.2.11", "192.0.2.11")
+	step("127.0.0.1", "192.0.2.11")
+	if n := len(sy.sets); n != 2 {
+		t.Errorf("%d SetLocalAddrs calls, want 2 (unchanged addresses are not set again)", n)
+	}
+
+	fixed := &localSyncer{fakeSyncer: newFakeSyncer()}
+	l, err = NewLoop(LoopOptions{Source: src, Syncer: fixed, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.set(self("192.0.2.12"))
+	if err := l.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fixed.sets) != 0 {
+		t.Errorf("without SelfNode the Syncer's local addresses were set: %v", fixed.sets)
+	}
+}
