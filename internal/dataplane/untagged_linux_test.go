@@ -104,7 +104,10 @@ func TestNonVethWithSkeinAliasNotOwned(t *testing.T) {
 		t.Errorf("Retag(skein.vxlan) = %v, want ErrNotOwned", err)
 	}
 	after, err := h.LinkByName("skein.vxlan")
-	if err != nil || after.Attrs().Index != l.Attrs().Index || after.Attrs().Alias != "skein:routing:vxlan" {
-		t.Fatalf("VXLAN device after Scan/Teardown/Retag: %v (index %d, was %d)", err, after.Attrs().Index, l.Attrs().Index)
+	if err != nil {
+		t.Fatalf("VXLAN device gone after Scan/Teardown/Retag: %v", err)
+	}
+	if a := after.Attrs(); a.Index != l.Attrs().Index || a.Alias != "skein:routing:vxlan" {
+		t.Errorf("VXLAN device after Scan/Teardown/Retag: index %d alias %q, was %d %q", a.Index, a.Alias, l.Attrs().Index, "skein:routing:vxlan")
 	}
 }
