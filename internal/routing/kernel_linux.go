@@ -71,6 +71,9 @@ const deviceAlias = "skein:routing:vxlan"
 type Kernel struct {
 	cfg    KernelConfig
 	local  []netip.Addr // LocalAddrs, as last set (SetLocalAddrs); under mu
+	// oldRulesGone: the untagged rules of skeind versions before the rule
+	// carried Protocol were looked for (once per Kernel); under mu.
+	oldRulesGone bool
 	h      *netlink.Handle
 	closeH func()
 	mu     sync.Mutex
@@ -309,7 +312,9 @@ func (k *Kernel) syncExport(remotes []Remote) ([]Status, error) {
 }
 
 // setRules adds (want) or removes the rules "from all lookup Table" at
-// RulePriority in both families, writing only when the kernel differs.
+// RulePriority tagged Protocol in both families, writing only when the
+// kernel differs. The first call also removes the same rules without a
+// protocol, which skeind made before it tagged them.
 func (k *Kernel) setRules(want bool) error {
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		rules, err := k.h.RuleList(family)
@@ -318,6 +323,11 @@ func (k *Kernel) setRules(want bool) error {
 				continue
 			}
 			return fmt.Errorf("list rules: %w", err)
+		}
+		if !k.oldRulesGone {
+			if rules, err = k.deleteOldRules(family, rules); err != nil {
+				return err
+			}
 		}
 		n := 0
 		for _, r := range rules {
@@ -338,7 +348,33 @@ func (k *Kernel) setRules(want bool) error {
 			}
 		}
 	}
+	k.oldRulesGone = true
 	return nil
+}
+
+// deleteOldRules deletes the untagged rules "from all lookup Table" at
+// RulePriority (skeind's before the protocol tag) and returns the rules
+// left. A delete without a protocol removes the first rule of that shape
+// in the kernel's order, whatever its protocol; so an untagged rule is
+// deleted only while it is the first of its shape (an upgrade finds only
+// untagged ones), never one behind another owner's tagged rule.
+func (k *Kernel) deleteOldRules(family int, rules []netlink.Rule) ([]netlink.Rule, error) {
+	for range len(rules) {
+		i := slices.IndexFunc(rules, k.isRuleShape)
+		if i < 0 || rules[i].Protocol != unix.RTPROT_UNSPEC {
+			return rules, nil
+		}
+		r := k.rule(family)
+		r.Protocol = unix.RTPROT_UNSPEC
+		if err := k.h.RuleDel(r); err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("delete untagged rule family %d prio %d: %w", family, k.cfg.RulePriority, err)
+		}
+		var err error
+		if rules, err = k.h.RuleList(family); err != nil {
+			return nil, fmt.Errorf("list rules: %w", err)
+		}
+	}
+	return rules, nil
 }
 
 func (k *Kernel) rule(family int) *netlink.Rule {
@@ -346,11 +382,19 @@ func (k *Kernel) rule(family int) *netlink.Rule {
 	r.Family = family
 	r.Priority = k.cfg.RulePriority
 	r.Table = k.cfg.Table
+	r.Protocol = uint8(k.cfg.Protocol)
 	return r
 }
 
-// isOurRule: exactly "from all lookup Table" at RulePriority, no selectors.
+// isOurRule: exactly "from all lookup Table" at RulePriority, no
+// selectors, tagged Protocol (an administrator's identical rule with
+// another protocol is not ours).
 func (k *Kernel) isOurRule(r netlink.Rule) bool {
+	return r.Protocol == uint8(k.cfg.Protocol) && k.isRuleShape(r)
+}
+
+// isRuleShape: "from all lookup Table" at RulePriority, no selectors.
+func (k *Kernel) isRuleShape(r netlink.Rule) bool {
 	return r.Priority == k.cfg.RulePriority && r.Table == k.cfg.Table && r.Src == nil && r.Dst == nil &&
 		r.Mark == 0 && r.IifName == "" && r.OifName == "" && !r.Invert && r.Goto <= 0 &&
 		(r.Type == 0 || r.Type == unix.FR_ACT_TO_TBL)
