@@ -69,14 +69,14 @@ const deviceAlias = "skein:routing:vxlan"
 // methods may be called from several goroutines; Sync and Uninstall run one
 // at a time.
 type Kernel struct {
-	cfg    KernelConfig
-	local  []netip.Addr // LocalAddrs, as last set (SetLocalAddrs); under mu
+	cfg   KernelConfig
+	local []netip.Addr // LocalAddrs, as last set (SetLocalAddrs); under mu
 	// oldRulesGone: the untagged rules of skeind versions before the rule
 	// carried Protocol were looked for (once per Kernel); under mu.
 	oldRulesGone bool
-	h      *netlink.Handle
-	closeH func()
-	mu     sync.Mutex
+	h            *netlink.Handle
+	closeH       func()
+	mu           sync.Mutex
 }
 
 // NewKernel validates cfg, fills its defaults and opens a netlink socket in

@@ -76,6 +76,10 @@ type LoopOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	// SyncTimeout bounds one sync; 0 = 1 minute.
 	SyncTimeout time.Duration
+	// EventInterval: at most one NodeUnreachable event per remote node in
+	// this time (a split cluster would send nodes² events as nodes flap);
+	// logs and metrics still follow every change. 0 = 1 hour.
+	EventInterval time.Duration
 	// SelfNode, if set, is this node's name: before each sync its
 	// addresses in the snapshot (annotation, else InternalIPs) are given
 	// to the Syncer if it is a LocalSetter, so a change of this node's
@@ -100,10 +104,11 @@ type Loop struct {
 	// syncMu makes syncs one at a time: Run's and SyncNow's (ListRoutes
 	// calls it in export mode). It guards the report state below.
 	syncMu    sync.Mutex
-	nodeState map[string]string // node → "" when routed, else why not
-	addrState map[string]string // node → its annotation problem
-	local     []netip.Addr      // last addresses given to the LocalSetter
-	localErr  string            // last refusal of them, logged once
+	nodeState map[string]string    // node → "" when routed, else why not
+	addrState map[string]string    // node → its annotation problem
+	lastEvent map[string]time.Time // node → its last NodeUnreachable event
+	local     []netip.Addr         // last addresses given to the LocalSetter
+	localErr  string               // last refusal of them, logged once
 }
 
 // NewLoop returns a loop; Run runs it.
@@ -119,7 +124,9 @@ func NewLoop(o LoopOptions) (*Loop, error) {
 	o.MinBackoff = cmp0(o.MinBackoff, 100*time.Millisecond)
 	o.MaxBackoff = cmp0(o.MaxBackoff, 30*time.Second)
 	o.SyncTimeout = cmp0(o.SyncTimeout, time.Minute)
-	return &Loop{o: o, log: logger(o.Logger), m: newLoopMetrics(), nodeState: map[string]string{}, addrState: map[string]string{}}, nil
+	o.EventInterval = cmp0(o.EventInterval, time.Hour)
+	return &Loop{o: o, log: logger(o.Logger), m: newLoopMetrics(), nodeState: map[string]string{}, addrState: map[string]string{},
+		lastEvent: map[string]time.Time{}}, nil
 }
 
 func cmp0(d, def time.Duration) time.Duration {
@@ -238,6 +245,17 @@ func (l *Loop) followSelf(snap Snapshot) {
 	l.local, l.localErr = slices.Clone(addrs), ""
 }
 
+// eventDue reports whether node may get a NodeUnreachable event now (none
+// in the last EventInterval), and if so counts it as sent.
+func (l *Loop) eventDue(node string) bool {
+	now := time.Now()
+	if last, ok := l.lastEvent[node]; ok && now.Sub(last) < l.o.EventInterval {
+		return false
+	}
+	l.lastEvent[node] = now
+	return true
+}
+
 // report logs, events and counts each remote node's state, once per
 // change of it.
 func (l *Loop) report(snap Snapshot, st []Status) {
@@ -289,7 +307,7 @@ func (l *Loop) report(snap Snapshot, st []Status) {
 			// No event for a node without a Node object (deleted; its
 			// blocks wait for the controller's collection): nothing to
 			// put it on.
-			if l.o.Events != nil && l.o.Mode != ModeExport && node.UID != "" {
+			if l.o.Events != nil && l.o.Mode != ModeExport && node.UID != "" && l.eventDue(name) {
 				l.o.Events.NodeWarning(node, ReasonNodeUnreachable,
 					fmt.Sprintf("%d of %d blocks of node %s have no %s route from this node: %s", n.missing, n.total, name, l.o.Mode, state))
 			}
@@ -302,6 +320,7 @@ func (l *Loop) report(snap Snapshot, st []Status) {
 	for name, old := range l.nodeState {
 		if _, ok := per[name]; !ok {
 			delete(l.nodeState, name)
+			delete(l.lastEvent, name)
 			if old != "" {
 				l.log.Info("remote node has no blocks any more", "node", name)
 			}

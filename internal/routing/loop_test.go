@@ -318,7 +318,8 @@ func TestLoopReportsOncePerChange(t *testing.T) {
 	sy := newFakeSyncer()
 	sy.setDown("n2", true)
 	ev := &fakeEvents{}
-	l := runLoop(t, LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Events: ev, Logger: log, Resync: 10 * time.Millisecond})
+	l := runLoop(t, LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Events: ev, Logger: log, Resync: 10 * time.Millisecond,
+		EventInterval: time.Nanosecond}) // TestLoopEventInterval checks the cap
 	sy.waitSyncs(t, 5)
 	eventually(t, func() bool { return len(ev.list()) >= 2 })
 	time.Sleep(30 * time.Millisecond) // more syncs, which must not repeat the events
@@ -545,5 +546,42 @@ func TestLoopFollowsSelfAddress(t *testing.T) {
 	}
 	if len(fixed.sets) != 0 {
 		t.Errorf("without SelfNode the Syncer's local addresses were set: %v", fixed.sets)
+	}
+}
+
+// TestLoopEventInterval: a node flapping between routed and not gets one
+// NodeUnreachable event per EventInterval (default 1 h), not one per
+// change — with many nodes split apart, every skeind would send one per
+// remote node each time; logs still follow every change.
+func TestLoopEventInterval(t *testing.T) {
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2")))
+	sy := newFakeSyncer()
+	ev := &fakeEvents{}
+	l, err := NewLoop(LoopOptions{Mode: ModeVXLAN, Source: src, Syncer: sy, Events: ev, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		sy.setDown("n2", true)
+		if err := l.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sy.setDown("n2", false)
+		if err := l.SyncNow(ctx); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+	if got := ev.list(); len(got) != 1 {
+		t.Errorf("events for a node that went down 3 times within the hour: %q, want 1", got)
+	}
+	logMu.Lock()
+	n := strings.Count(logs.String(), "remote node's blocks not routed")
+	logMu.Unlock()
+	if n != 3 {
+		t.Errorf("%d 'not routed' log lines, want 3 (one per change)", n)
 	}
 }
