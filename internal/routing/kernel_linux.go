@@ -32,7 +32,8 @@ type KernelConfig struct {
 	// not the dataplane's 30 or 31.
 	Protocol int
 	// RulePriority is the priority of the rules "from all lookup Table"
-	// (both families) of the direct and vxlan modes. Default 2001.
+	// (both families, tagged Protocol) of the direct and vxlan modes.
+	// Default 2001.
 	RulePriority int
 	// LocalAddrs are this node's underlay addresses, at most one per
 	// family; only the vxlan mode uses (and checks) them, and needs one.

@@ -19,8 +19,9 @@
 //
 // The kernel side (Kernel, Linux only) owns exactly: routes in its table
 // (default 120) tagged with its protocol (32), the rules "from all lookup
-// 120" at priority 2001, and the VXLAN device (by name, marked by its alias;
-// its FDB and permanent neighbour entries). A block for which the table
+// 120" at priority 2001 tagged with the same protocol, and the VXLAN
+// device (by name, marked by its alias; its FDB and permanent neighbour
+// entries). A block for which the table
 // already holds a route of another protocol is reported, not overwritten.
 // direct routes a block via its node's address of the block's family, an
 // IPv4 block via the node's IPv6 address if it has no IPv4 one (RTA_VIA);
