@@ -80,6 +80,20 @@ func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 	r.kernel = k
+	if mode == routing.ModeVXLAN {
+		podMTU, err := vxlanPodMTU(cfg.Dataplane.MTU, mtu)
+		if err != nil {
+			return nil, err
+		}
+		if podMTU != cfg.Dataplane.MTU {
+			cfg.Dataplane.MTU = podMTU
+			log.Info("routing: pod MTU lowered for the VXLAN overlay", "mtu", podMTU)
+		}
+		if mtu < minIPv6MTU {
+			log.Warn("routing: the VXLAN device's MTU is below IPv6's minimum: the kernel disables IPv6 on it, so IPv6 pod traffic cannot cross nodes; "+
+				"raise the underlay's MTU or give --vxlan-mtu", "mtu", mtu, "min", minIPv6MTU)
+		}
+	}
 	// Published once the kernel side is up: a skeind that fails at start
 	// leaves the Node as it was.
 	if cfg.Routing.NodeAddress != "" {
@@ -90,14 +104,14 @@ func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc
 			log.Warn("routing: no Node object for this node; peers cannot learn --node-address", "node", cfg.Node)
 		}
 	}
-	if mode == routing.ModeVXLAN && cfg.Dataplane.MTU == 0 && mtu > 0 {
-		cfg.Dataplane.MTU = mtu
-		log.Info("routing: pod MTU lowered for the VXLAN overlay", "mtu", mtu)
-	}
 	if r.events, err = routing.NewNodeEvents(rc, cfg.Node); err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
-	if r.loop, err = routing.NewLoop(routing.LoopOptions{Mode: mode, Source: r.watcher, Syncer: k, Events: r.events, Logger: log}); err != nil {
+	lo := routing.LoopOptions{Mode: mode, Source: r.watcher, Syncer: k, Events: r.events, Logger: log}
+	if cfg.Routing.NodeAddress == "" {
+		lo.SelfNode = cfg.Node // follow the Node's address as peers do
+	}
+	if r.loop, err = routing.NewLoop(lo); err != nil {
 		return nil, err
 	}
 	cfg.Routes = r.loop
@@ -153,4 +167,22 @@ func publishNodeAddress(ctx context.Context, rc *rest.Config, node string, addrs
 		return fmt.Errorf("annotate Node %s with %s=%s: %w", node, skeinv1.AnnotationNodeAddress, strings.Join(s, ","), err)
 	}
 	return nil
+}
+
+// minIPv6MTU is IPv6's minimum link MTU (RFC 8200).
+const minIPv6MTU = 1280
+
+// vxlanPodMTU is the pod MTU in vxlan mode given --mtu (podMTU, 0 = auto)
+// and the VXLAN device's MTU: the device's when podMTU is 0; podMTU when
+// it fits in the device; an error when it is larger (pods would send
+// packets the overlay drops between nodes).
+func vxlanPodMTU(podMTU, devMTU int) (int, error) {
+	switch {
+	case podMTU == 0:
+		return devMTU, nil
+	case podMTU > devMTU:
+		return 0, fmt.Errorf("--mtu %d is larger than the VXLAN device's MTU %d (its underlay's MTU less the VXLAN overhead, or --vxlan-mtu): "+
+			"pod packets that large would be dropped between nodes; give --mtu %d or less, or 0", podMTU, devMTU, devMTU)
+	}
+	return podMTU, nil
 }

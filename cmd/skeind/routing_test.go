@@ -78,3 +78,17 @@ func TestRoutingConfigFile(t *testing.T) {
 		t.Errorf("--routing export over the file's direct: %v", err)
 	}
 }
+
+// TestVXLANPodMTU: in vxlan mode --mtu 0 takes the device's MTU, a smaller
+// --mtu stands, and a larger one is refused (it was accepted silently, and
+// large pod packets were dropped between nodes).
+func TestVXLANPodMTU(t *testing.T) {
+	for _, c := range []struct{ pod, dev, want int }{{0, 1450, 1450}, {1400, 1450, 1400}, {1450, 1450, 1450}, {0, 1230, 1230}} {
+		if got, err := vxlanPodMTU(c.pod, c.dev); err != nil || got != c.want {
+			t.Errorf("vxlanPodMTU(%d, %d) = %d, %v; want %d", c.pod, c.dev, got, err, c.want)
+		}
+	}
+	if _, err := vxlanPodMTU(1500, 1450); err == nil || !strings.Contains(err.Error(), "--mtu 1500 is larger than the VXLAN device's MTU 1450") {
+		t.Errorf("vxlanPodMTU(1500, 1450) = %v, want a refusal naming both", err)
+	}
+}

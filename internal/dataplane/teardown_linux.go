@@ -100,16 +100,22 @@ func (d *Dataplane) hostEndFromPod(h *netlink.Handle, netnsPath, ifName string) 
 	return host, nil
 }
 
-// owned reports whether a node link is skein's: tagged with the alias, or —
-// the window between creating a veth and tagging it, which a crash can leave
-// open, since the kernel ignores the alias in a create request — an untagged
-// veth whose name has the shape of skein's host names (IsHostName).
+// owned reports whether a node link is one of skein's host veths: a veth
+// tagged with the alias, or — the window between creating a veth and
+// tagging it, which a crash can leave open, since the kernel ignores the
+// alias in a create request — an untagged veth whose name has the shape of
+// skein's host names (IsHostName). Only veths: other parts of skein tag
+// their links with aliases under the same prefix (the routing VXLAN device,
+// "skein:routing:vxlan"), and those are not pod links to tear down.
 func (d *Dataplane) owned(l netlink.Link) bool {
+	if l.Type() != "veth" {
+		return false
+	}
 	a := l.Attrs()
 	if strings.HasPrefix(a.Alias, d.cfg.AliasPrefix) {
 		return true
 	}
-	return a.Alias == "" && l.Type() == "veth" && IsHostName(a.Name)
+	return a.Alias == "" && IsHostName(a.Name)
 }
 
 // HostNamePrefix starts every host-side veth name skein makes.

@@ -69,3 +69,45 @@ func TestIsHostName(t *testing.T) {
 		}
 	}
 }
+
+// Links that are not veths are never pod links, whatever their alias: the
+// routing VXLAN device carries "skein:routing:vxlan", under the pod alias
+// prefix, and a skeind restart (reconcile: Scan, then Teardown of every
+// unclaimed link) once deleted it as a leftover.
+func TestNonVethWithSkeinAliasNotOwned(t *testing.T) {
+	node, dp := newNode(t, dataplane.Config{})
+	h := node.Handle(t)
+	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "skein.vxlan"}, VxlanId: 4100, Port: 4789}
+	if err := h.LinkAdd(vx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := h.LinkByName("skein.vxlan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetAlias(l, "skein:routing:vxlan"); err != nil {
+		t.Fatal(err)
+	}
+	found, err := dp.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range found {
+		if f.HostName == "skein.vxlan" {
+			t.Errorf("Scan reports the VXLAN device as a pod link: %+v", f)
+		}
+	}
+	if err := dp.Teardown("skein.vxlan", "", "", nil); !errors.Is(err, dataplane.ErrNotOwned) {
+		t.Errorf("Teardown(skein.vxlan) = %v, want ErrNotOwned", err)
+	}
+	if err := dp.Retag("skein.vxlan", "skein:n:c:eth0"); !errors.Is(err, dataplane.ErrNotOwned) {
+		t.Errorf("Retag(skein.vxlan) = %v, want ErrNotOwned", err)
+	}
+	after, err := h.LinkByName("skein.vxlan")
+	if err != nil {
+		t.Fatalf("VXLAN device gone after Scan/Teardown/Retag: %v", err)
+	}
+	if a := after.Attrs(); a.Index != l.Attrs().Index || a.Alias != "skein:routing:vxlan" {
+		t.Errorf("VXLAN device after Scan/Teardown/Retag: index %d alias %q, was %d %q", a.Index, a.Alias, l.Attrs().Index, "skein:routing:vxlan")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
@@ -31,11 +32,14 @@ type KernelConfig struct {
 	// not the dataplane's 30 or 31.
 	Protocol int
 	// RulePriority is the priority of the rules "from all lookup Table"
-	// (both families) of the direct and vxlan modes. Default 2001.
+	// (both families, tagged Protocol) of the direct and vxlan modes.
+	// Default 2001.
 	RulePriority int
 	// LocalAddrs are this node's underlay addresses, at most one per
-	// family. The vxlan mode needs one: the first is the tunnel's local
-	// end and decides the underlay's family.
+	// family; only the vxlan mode uses (and checks) them, and needs one.
+	// The tunnel's local end is UnderlayAddr(LocalAddrs): the IPv4 address
+	// if there is one, else the IPv6 one; that decides the underlay's
+	// family. SetLocalAddrs changes them later.
 	LocalAddrs []netip.Addr
 	// VXLAN configures the vxlan mode's device.
 	VXLAN VXLANConfig
@@ -66,10 +70,14 @@ const deviceAlias = "skein:routing:vxlan"
 // methods may be called from several goroutines; Sync and Uninstall run one
 // at a time.
 type Kernel struct {
-	cfg    KernelConfig
-	h      *netlink.Handle
-	closeH func()
-	mu     sync.Mutex
+	cfg   KernelConfig
+	local []netip.Addr // LocalAddrs, as last set (SetLocalAddrs); under mu
+	// oldRulesGone: the untagged rules of skeind versions before the rule
+	// carried Protocol were looked for (once per Kernel); under mu.
+	oldRulesGone bool
+	h            *netlink.Handle
+	closeH       func()
+	mu           sync.Mutex
 }
 
 // NewKernel validates cfg, fills its defaults and opens a netlink socket in
@@ -88,7 +96,23 @@ func NewKernel(cfg KernelConfig) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
-	return &Kernel{cfg: cfg, h: h, closeH: closeH}, nil
+	return &Kernel{cfg: cfg, local: slices.Clone(cfg.LocalAddrs), h: h, closeH: closeH}, nil
+}
+
+// SetLocalAddrs replaces this node's underlay addresses (KernelConfig's
+// LocalAddrs), checked the same way, for the next Sync: in vxlan mode a
+// changed underlay address makes it recreate the device with the new
+// local end. Invalid addresses are refused and change nothing.
+func (k *Kernel) SetLocalAddrs(addrs []netip.Addr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.cfg.Mode == ModeVXLAN {
+		if err := validateLocalAddrs(addrs); err != nil {
+			return fmt.Errorf("routing: %w", err)
+		}
+	}
+	k.local = slices.Clone(addrs)
+	return nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -150,8 +174,17 @@ func validateKernelConfig(c KernelConfig) error {
 	case !validLinkName(c.VXLAN.Device):
 		return fmt.Errorf("vxlan device name %q is not a valid link name: %w", c.VXLAN.Device, ErrInvalid)
 	}
+	if c.Mode != ModeVXLAN {
+		return nil // only vxlan uses them: an odd address must not stop the others
+	}
+	return validateLocalAddrs(c.LocalAddrs)
+}
+
+// validateLocalAddrs checks this node's underlay addresses: unicast, at
+// most one per family, and at least one.
+func validateLocalAddrs(addrs []netip.Addr) error {
 	seen := map[bool]bool{}
-	for _, a := range c.LocalAddrs {
+	for _, a := range addrs {
 		if !a.IsValid() || a.Zone() != "" || a.Is4In6() || a.IsUnspecified() || a.IsMulticast() ||
 			a.IsLoopback() || a.IsLinkLocalUnicast() {
 			return fmt.Errorf("local address %q is not a usable unicast address: %w", a, ErrInvalid)
@@ -161,7 +194,7 @@ func validateKernelConfig(c KernelConfig) error {
 		}
 		seen[a.Is4()] = true
 	}
-	if c.Mode == ModeVXLAN && len(c.LocalAddrs) == 0 {
+	if len(addrs) == 0 {
 		return fmt.Errorf("vxlan mode needs a local (underlay) address: %w", ErrInvalid)
 	}
 	return nil
@@ -280,7 +313,9 @@ func (k *Kernel) syncExport(remotes []Remote) ([]Status, error) {
 }
 
 // setRules adds (want) or removes the rules "from all lookup Table" at
-// RulePriority in both families, writing only when the kernel differs.
+// RulePriority tagged Protocol in both families, writing only when the
+// kernel differs. The first call also removes the same rules without a
+// protocol, which skeind made before it tagged them.
 func (k *Kernel) setRules(want bool) error {
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		rules, err := k.h.RuleList(family)
@@ -289,6 +324,11 @@ func (k *Kernel) setRules(want bool) error {
 				continue
 			}
 			return fmt.Errorf("list rules: %w", err)
+		}
+		if !k.oldRulesGone {
+			if rules, err = k.deleteOldRules(family, rules); err != nil {
+				return err
+			}
 		}
 		n := 0
 		for _, r := range rules {
@@ -309,7 +349,33 @@ func (k *Kernel) setRules(want bool) error {
 			}
 		}
 	}
+	k.oldRulesGone = true
 	return nil
+}
+
+// deleteOldRules deletes the untagged rules "from all lookup Table" at
+// RulePriority (skeind's before the protocol tag) and returns the rules
+// left. A delete without a protocol removes the first rule of that shape
+// in the kernel's order, whatever its protocol; so an untagged rule is
+// deleted only while it is the first of its shape (an upgrade finds only
+// untagged ones), never one behind another owner's tagged rule.
+func (k *Kernel) deleteOldRules(family int, rules []netlink.Rule) ([]netlink.Rule, error) {
+	for range len(rules) {
+		i := slices.IndexFunc(rules, k.isRuleShape)
+		if i < 0 || rules[i].Protocol != unix.RTPROT_UNSPEC {
+			return rules, nil
+		}
+		r := k.rule(family)
+		r.Protocol = unix.RTPROT_UNSPEC
+		if err := k.h.RuleDel(r); err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("delete untagged rule family %d prio %d: %w", family, k.cfg.RulePriority, err)
+		}
+		var err error
+		if rules, err = k.h.RuleList(family); err != nil {
+			return nil, fmt.Errorf("list rules: %w", err)
+		}
+	}
+	return rules, nil
 }
 
 func (k *Kernel) rule(family int) *netlink.Rule {
@@ -317,11 +383,19 @@ func (k *Kernel) rule(family int) *netlink.Rule {
 	r.Family = family
 	r.Priority = k.cfg.RulePriority
 	r.Table = k.cfg.Table
+	r.Protocol = uint8(k.cfg.Protocol)
 	return r
 }
 
-// isOurRule: exactly "from all lookup Table" at RulePriority, no selectors.
+// isOurRule: exactly "from all lookup Table" at RulePriority, no
+// selectors, tagged Protocol (an administrator's identical rule with
+// another protocol is not ours).
 func (k *Kernel) isOurRule(r netlink.Rule) bool {
+	return r.Protocol == uint8(k.cfg.Protocol) && k.isRuleShape(r)
+}
+
+// isRuleShape: "from all lookup Table" at RulePriority, no selectors.
+func (k *Kernel) isRuleShape(r netlink.Rule) bool {
 	return r.Priority == k.cfg.RulePriority && r.Table == k.cfg.Table && r.Src == nil && r.Dst == nil &&
 		r.Mark == 0 && r.IifName == "" && r.OifName == "" && !r.Invert && r.Goto <= 0 &&
 		(r.Type == 0 || r.Type == unix.FR_ACT_TO_TBL)

@@ -173,8 +173,8 @@ func TestBadConfig(t *testing.T) {
 		"mtu":           {VXLAN: routing.VXLANConfig{MTU: 67}},
 		"device slash":  {VXLAN: routing.VXLANConfig{Device: "a/b"}},
 		"device long":   {VXLAN: routing.VXLANConfig{Device: "abcdefghijklmnop"}},
-		"two v4":        {LocalAddrs: []netip.Addr{v4, ip("192.168.50.9")}},
-		"loopback":      {LocalAddrs: []netip.Addr{ip("127.0.0.1")}},
+		"two v4":        {Mode: routing.ModeVXLAN, LocalAddrs: []netip.Addr{v4, ip("192.168.50.9")}},
+		"loopback":      {Mode: routing.ModeVXLAN, LocalAddrs: []netip.Addr{ip("127.0.0.1")}},
 		"vxlan no addr": {Mode: routing.ModeVXLAN},
 	} {
 		c.NodeNetNS = n.ns.Path()
@@ -187,6 +187,16 @@ func TestBadConfig(t *testing.T) {
 	}
 	if _, err := routing.NewKernel(routing.KernelConfig{NodeNetNS: "/nonexistent/ns"}); err == nil {
 		t.Error("missing namespace accepted")
+	}
+	// Only vxlan uses the local addresses: an odd one (a Node's
+	// InternalIP, say) must not stop the other modes.
+	for _, mode := range []routing.Mode{routing.ModeExport, routing.ModeDirect} {
+		k, err := routing.NewKernel(routing.KernelConfig{Mode: mode, NodeNetNS: n.ns.Path(), LocalAddrs: []netip.Addr{ip("127.0.0.1"), v4, ip("192.168.50.9")}})
+		if err != nil {
+			t.Errorf("%s mode with odd local addresses: %v", mode, err)
+			continue
+		}
+		k.Close()
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, n.ns))
 }
@@ -221,4 +231,52 @@ func TestCancelledSync(t *testing.T) {
 		}
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, nodes[0].ns))
+}
+
+// TestRuleTag: the rule "from all lookup 120" carries the route protocol;
+// an administrator's identical rule with another protocol survives every
+// mode (export mode once deleted it as skein's), and the untagged rule of
+// an older skeind is replaced by the tagged one.
+func TestRuleTag(t *testing.T) {
+	n := lan(t, 1)[0]
+	h := n.ns.Handle(t)
+	plant := func(proto uint8) {
+		t.Helper()
+		r := netlink.NewRule()
+		r.Family, r.Priority, r.Table, r.Protocol = netlink.FAMILY_V4, routing.DefaultRulePriority, routing.DefaultTable, proto
+		if err := h.RuleAdd(r); err != nil {
+			t.Fatalf("plant rule proto %d: %v", proto, err)
+		}
+	}
+	plant(0)                  // an older skeind's
+	plant(unix.RTPROT_STATIC) // an administrator's
+	protos := func(family int) []uint8 {
+		t.Helper()
+		rules, err := h.RuleList(family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []uint8
+		for _, r := range rules {
+			if r.Priority == routing.DefaultRulePriority && r.Table == routing.DefaultTable {
+				out = append(out, r.Protocol)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	mustSync(t, newKernel(t, n, routing.KernelConfig{Mode: routing.ModeDirect}), nil)
+	if got, want := protos(netlink.FAMILY_V4), []uint8{unix.RTPROT_STATIC, routing.DefaultProtocol}; !slices.Equal(got, want) {
+		t.Errorf("IPv4 rules at %d after a direct sync: protocols %v, want %v", routing.DefaultRulePriority, got, want)
+	}
+	if got, want := protos(netlink.FAMILY_V6), []uint8{routing.DefaultProtocol}; !slices.Equal(got, want) {
+		t.Errorf("IPv6 rules at %d after a direct sync: protocols %v, want %v", routing.DefaultRulePriority, got, want)
+	}
+	mustSync(t, newKernel(t, n, routing.KernelConfig{Mode: routing.ModeExport}), nil)
+	if got, want := protos(netlink.FAMILY_V4), []uint8{unix.RTPROT_STATIC}; !slices.Equal(got, want) {
+		t.Errorf("IPv4 rules at %d after an export sync: protocols %v, want %v (the administrator's)", routing.DefaultRulePriority, got, want)
+	}
+	if got := protos(netlink.FAMILY_V6); len(got) != 0 {
+		t.Errorf("IPv6 rules at %d after an export sync: protocols %v, want none", routing.DefaultRulePriority, got)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,12 @@ import (
 // returns none).
 type Syncer interface {
 	Sync(ctx context.Context, remotes []Remote) ([]Status, error)
+}
+
+// LocalSetter is a Syncer whose idea of this node's own addresses can
+// change (*Kernel: SetLocalAddrs); see LoopOptions.SelfNode.
+type LocalSetter interface {
+	SetLocalAddrs(addrs []netip.Addr) error
 }
 
 // Source is the cluster's routing view (*Watcher in production).
@@ -69,6 +76,16 @@ type LoopOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	// SyncTimeout bounds one sync; 0 = 1 minute.
 	SyncTimeout time.Duration
+	// EventInterval: at most one NodeUnreachable event per remote node in
+	// this time (a split cluster would send nodes² events as nodes flap);
+	// logs and metrics still follow every change. 0 = 1 hour.
+	EventInterval time.Duration
+	// SelfNode, if set, is this node's name: before each sync its
+	// addresses in the snapshot (annotation, else InternalIPs) are given
+	// to the Syncer if it is a LocalSetter, so a change of this node's
+	// address moves its own tunnel end as peers move to it. Empty (skeind
+	// --node-address fixed them) = never.
+	SelfNode string
 }
 
 // Loop keeps the kernel's remote routes equal to the cluster's blocks: it
@@ -87,8 +104,11 @@ type Loop struct {
 	// syncMu makes syncs one at a time: Run's and SyncNow's (ListRoutes
 	// calls it in export mode). It guards the report state below.
 	syncMu    sync.Mutex
-	nodeState map[string]string // node → "" when routed, else why not
-	addrState map[string]string // node → its annotation problem
+	nodeState map[string]string    // node → "" when routed, else why not
+	addrState map[string]string    // node → its annotation problem
+	lastEvent map[string]time.Time // node → its last NodeUnreachable event
+	local     []netip.Addr         // last addresses given to the LocalSetter
+	localErr  string               // last refusal of them, logged once
 }
 
 // NewLoop returns a loop; Run runs it.
@@ -104,7 +124,9 @@ func NewLoop(o LoopOptions) (*Loop, error) {
 	o.MinBackoff = cmp0(o.MinBackoff, 100*time.Millisecond)
 	o.MaxBackoff = cmp0(o.MaxBackoff, 30*time.Second)
 	o.SyncTimeout = cmp0(o.SyncTimeout, time.Minute)
-	return &Loop{o: o, log: logger(o.Logger), m: newLoopMetrics(), nodeState: map[string]string{}, addrState: map[string]string{}}, nil
+	o.EventInterval = cmp0(o.EventInterval, time.Hour)
+	return &Loop{o: o, log: logger(o.Logger), m: newLoopMetrics(), nodeState: map[string]string{}, addrState: map[string]string{},
+		lastEvent: map[string]time.Time{}}, nil
 }
 
 func cmp0(d, def time.Duration) time.Duration {
@@ -182,6 +204,7 @@ func (l *Loop) syncOnce(ctx context.Context) error {
 		l.m.observe(time.Since(start), err)
 		return fmt.Errorf("read the cluster's blocks: %w", err)
 	}
+	l.followSelf(snap)
 	st, err := l.o.Syncer.Sync(ctx, snap.Remotes)
 	l.m.observe(time.Since(start), err)
 	if st != nil || err == nil {
@@ -195,6 +218,42 @@ func (l *Loop) syncOnce(ctx context.Context) error {
 		return fmt.Errorf("sync %d remote blocks: %w", len(snap.Remotes), err)
 	}
 	return nil
+}
+
+// followSelf gives the Syncer this node's addresses from snap when they
+// changed (SelfNode). A Node without addresses changes nothing; addresses
+// the Syncer refuses are logged (once) and the previous ones stay.
+func (l *Loop) followSelf(snap Snapshot) {
+	ls, ok := l.o.Syncer.(LocalSetter)
+	if l.o.SelfNode == "" || !ok {
+		return
+	}
+	addrs := snap.Nodes[l.o.SelfNode].Addrs
+	if len(addrs) == 0 || slices.Equal(addrs, l.local) {
+		return
+	}
+	if err := ls.SetLocalAddrs(addrs); err != nil {
+		if msg := err.Error(); msg != l.localErr {
+			l.localErr = msg
+			l.log.Error("routing: this node's new addresses refused; keeping the previous ones", "addrs", addrs, "err", err)
+		}
+		return
+	}
+	if l.local != nil {
+		l.log.Info("routing: this node's addresses changed", "from", l.local, "to", addrs)
+	}
+	l.local, l.localErr = slices.Clone(addrs), ""
+}
+
+// eventDue reports whether node may get a NodeUnreachable event now (none
+// in the last EventInterval), and if so counts it as sent.
+func (l *Loop) eventDue(node string) bool {
+	now := time.Now()
+	if last, ok := l.lastEvent[node]; ok && now.Sub(last) < l.o.EventInterval {
+		return false
+	}
+	l.lastEvent[node] = now
+	return true
 }
 
 // report logs, events and counts each remote node's state, once per
@@ -248,7 +307,7 @@ func (l *Loop) report(snap Snapshot, st []Status) {
 			// No event for a node without a Node object (deleted; its
 			// blocks wait for the controller's collection): nothing to
 			// put it on.
-			if l.o.Events != nil && l.o.Mode != ModeExport && node.UID != "" {
+			if l.o.Events != nil && l.o.Mode != ModeExport && node.UID != "" && l.eventDue(name) {
 				l.o.Events.NodeWarning(node, ReasonNodeUnreachable,
 					fmt.Sprintf("%d of %d blocks of node %s have no %s route from this node: %s", n.missing, n.total, name, l.o.Mode, state))
 			}
@@ -261,6 +320,7 @@ func (l *Loop) report(snap Snapshot, st []Status) {
 	for name, old := range l.nodeState {
 		if _, ok := per[name]; !ok {
 			delete(l.nodeState, name)
+			delete(l.lastEvent, name)
 			if old != "" {
 				l.log.Info("remote node has no blocks any more", "node", name)
 			}

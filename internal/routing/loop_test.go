@@ -318,7 +318,8 @@ func TestLoopReportsOncePerChange(t *testing.T) {
 	sy := newFakeSyncer()
 	sy.setDown("n2", true)
 	ev := &fakeEvents{}
-	l := runLoop(t, LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Events: ev, Logger: log, Resync: 10 * time.Millisecond})
+	l := runLoop(t, LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Events: ev, Logger: log, Resync: 10 * time.Millisecond,
+		EventInterval: time.Nanosecond}) // TestLoopEventInterval checks the cap
 	sy.waitSyncs(t, 5)
 	eventually(t, func() bool { return len(ev.list()) >= 2 })
 	time.Sleep(30 * time.Millisecond) // more syncs, which must not repeat the events
@@ -468,5 +469,119 @@ func TestLoopSyncNowWhileRunning(t *testing.T) {
 	<-done
 	if _, synced := l.Statuses(); !synced {
 		t.Error("no statuses after 200 syncs")
+	}
+}
+
+// localSyncer is a fakeSyncer that is a LocalSetter; it refuses loopback
+// addresses as the Kernel would.
+type localSyncer struct {
+	*fakeSyncer
+	lmu  sync.Mutex
+	sets [][]netip.Addr
+}
+
+func (s *localSyncer) SetLocalAddrs(addrs []netip.Addr) error {
+	for _, a := range addrs {
+		if a.IsLoopback() {
+			return fmt.Errorf("loopback %s: %w", a, ErrInvalid)
+		}
+	}
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	s.sets = append(s.sets, addrs)
+	return nil
+}
+
+func (s *localSyncer) lastSet() []netip.Addr {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if len(s.sets) == 0 {
+		return nil
+	}
+	return s.sets[len(s.sets)-1]
+}
+
+// With SelfNode, a change of this node's address in the API reaches the
+// Syncer before the next sync (it once stayed as read at start while peers
+// moved to the new one); refused addresses keep the previous ones; without
+// SelfNode (skeind --node-address) nothing is set.
+func TestLoopFollowsSelfAddress(t *testing.T) {
+	self := func(addr string) Snapshot {
+		s := snapOf(remote("10.1.2.0/24", "n2", "192.0.2.2"))
+		s.Nodes["n1"] = NodeInfo{Name: "n1", Addrs: []netip.Addr{netip.MustParseAddr(addr)}}
+		return s
+	}
+	src := newFakeSource(self("192.0.2.1"))
+	sy := &localSyncer{fakeSyncer: newFakeSyncer()}
+	l, err := NewLoop(LoopOptions{Source: src, Syncer: sy, SelfNode: "n1", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	step := func(addr, want string) {
+		t.Helper()
+		src.set(self(addr))
+		if err := l.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := sy.lastSet(); len(got) != 1 || got[0].String() != want {
+			t.Errorf("after this node's address became %s: Syncer's local %v, want %s", addr, got, want)
+		}
+	}
+	step("192.0.2.1", "192.0.2.1")
+	step("192.0.2.11", "192.0.2.11")
+	step("127.0.0.1", "192.0.2.11")
+	if n := len(sy.sets); n != 2 {
+		t.Errorf("%d SetLocalAddrs calls, want 2 (unchanged addresses are not set again)", n)
+	}
+
+	fixed := &localSyncer{fakeSyncer: newFakeSyncer()}
+	l, err = NewLoop(LoopOptions{Source: src, Syncer: fixed, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.set(self("192.0.2.12"))
+	if err := l.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fixed.sets) != 0 {
+		t.Errorf("without SelfNode the Syncer's local addresses were set: %v", fixed.sets)
+	}
+}
+
+// TestLoopEventInterval: a node flapping between routed and not gets one
+// NodeUnreachable event per EventInterval (default 1 h), not one per
+// change — with many nodes split apart, every skeind would send one per
+// remote node each time; logs still follow every change.
+func TestLoopEventInterval(t *testing.T) {
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2")))
+	sy := newFakeSyncer()
+	ev := &fakeEvents{}
+	l, err := NewLoop(LoopOptions{Mode: ModeVXLAN, Source: src, Syncer: sy, Events: ev, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		sy.setDown("n2", true)
+		if err := l.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sy.setDown("n2", false)
+		if err := l.SyncNow(ctx); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+	if got := ev.list(); len(got) != 1 {
+		t.Errorf("events for a node that went down 3 times within the hour: %q, want 1", got)
+	}
+	logMu.Lock()
+	n := strings.Count(logs.String(), "remote node's blocks not routed")
+	logMu.Unlock()
+	if n != 3 {
+		t.Errorf("%d 'not routed' log lines, want 3 (one per change)", n)
 	}
 }

@@ -19,13 +19,16 @@
 //
 // The kernel side (Kernel, Linux only) owns exactly: routes in its table
 // (default 120) tagged with its protocol (32), the rules "from all lookup
-// 120" at priority 2001, and the VXLAN device (by name, marked by its alias;
-// its FDB and permanent neighbour entries). A block for which the table
+// 120" at priority 2001 tagged with the same protocol, and the VXLAN
+// device (by name, marked by its alias; its FDB and permanent neighbour
+// entries). A block for which the table
 // already holds a route of another protocol is reported, not overwritten.
 // direct routes a block via its node's address of the block's family, an
 // IPv4 block via the node's IPv6 address if it has no IPv4 one (RTA_VIA);
-// the address must be on a connected network. vxlan's underlay is the first
-// of KernelConfig.LocalAddrs; peers need an address of that family. Every
+// the address must be on a connected network. vxlan's underlay family is
+// one rule for the whole cluster (UnderlayAddr): IPv4 when a node has an
+// IPv4 address, else IPv6, for the local end and for every peer alike, so
+// nodes listing their addresses in different orders still agree. Every
 // node's device MAC is MACFor(its underlay address), so nothing but the
 // addresses is exchanged.
 package routing
@@ -99,4 +102,21 @@ type Status struct {
 	// Reason says why a route is not installed ("node has no address",
 	// "node address 10.1.0.7 is not on a directly connected network", ...).
 	Reason string
+}
+
+// UnderlayAddr picks the VXLAN underlay address out of a node's addresses:
+// its IPv4 address when it has one, else its IPv6 address; the zero Addr
+// when addrs is empty. Every node applies the same rule to itself and to
+// its peers, whatever order the addresses are listed in.
+func UnderlayAddr(addrs []netip.Addr) netip.Addr {
+	var v6 netip.Addr
+	for _, a := range addrs {
+		if a.Is4() {
+			return a
+		}
+		if !v6.IsValid() {
+			v6 = a
+		}
+	}
+	return v6
 }

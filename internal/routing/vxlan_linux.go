@@ -17,8 +17,9 @@ import (
 //	skein.vxlan: vxlan id VNI dstport Port local L dev <link of L> nolearning,
 //	             address MACFor(L), alias skein:routing:vxlan
 //
-// and per remote node with underlay address P (same family as L), and per
-// block B of it:
+// where L = UnderlayAddr(local addresses) (IPv4 if the node has one, else
+// IPv6), and per remote node with underlay address P (its address of L's
+// family), and per block B of it:
 //
 //	bridge fdb MACFor(P) dst P dev skein.vxlan self permanent
 //	ip neigh B.Addr() lladdr MACFor(P) dev skein.vxlan nud permanent
@@ -71,7 +72,7 @@ func (k *Kernel) PodMTU() (int, error) {
 	if k.closeH == nil {
 		return 0, errors.New("routing pod mtu: kernel closed")
 	}
-	local := k.cfg.LocalAddrs[0]
+	local := UnderlayAddr(k.local)
 	_, mtu, err := k.underlay(local)
 	if err != nil {
 		return 0, fmt.Errorf("routing pod mtu: %w", err)
@@ -108,7 +109,7 @@ func (k *Kernel) owned(l netlink.Link) bool {
 	if _, ok := l.(*netlink.Vxlan); !ok || l.Attrs().Alias != "" {
 		return false
 	}
-	for _, a := range k.cfg.LocalAddrs {
+	for _, a := range k.local {
 		if bytes.Equal(l.Attrs().HardwareAddr, MACFor(a)) {
 			return true
 		}
@@ -197,7 +198,10 @@ func (k *Kernel) ensureDevice(local netip.Addr, link, mtu int) (int, error) {
 
 // syncVXLAN: see the comment at the top of the file.
 func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, error) {
-	local := k.cfg.LocalAddrs[0]
+	local := UnderlayAddr(k.local)
+	if !local.IsValid() {
+		return nil, errors.New("vxlan mode needs a local (underlay) address; this node has none")
+	}
 	link, mtu, err := k.underlay(local)
 	if err != nil {
 		return nil, err

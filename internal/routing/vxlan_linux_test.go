@@ -1,6 +1,7 @@
 package routing_test
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -13,12 +14,68 @@ import (
 	"github.com/skeinnet/skein/test/harness"
 )
 
+// vxlanCfg: an IPv6 underlay needs a node known by its IPv6 address only
+// (with an IPv4 one, UnderlayAddr picks that).
 func vxlanCfg(n *node, v6Underlay bool) routing.KernelConfig {
 	addrs := slices.Clone(n.addrs)
 	if v6Underlay {
-		slices.Reverse(addrs)
+		addrs = addrs[1:]
 	}
 	return routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: addrs}
+}
+
+// TestVXLANUnderlayOrder: two dual-stack nodes listing their addresses in
+// opposite orders (node1 IPv6 first, node2 IPv4 first) agree on the
+// underlay family (IPv4: UnderlayAddr), for the local end and the peers
+// alike, and their pods reach each other. Before, node1's device took its
+// IPv6 address as local end while addressing node2 over IPv4 — and the
+// other way round — so both reported Installed and dropped the traffic.
+func TestVXLANUnderlayOrder(t *testing.T) {
+	nodes := lan(t, 2)
+	rev := slices.Clone(nodes[0].addrs)
+	slices.Reverse(rev)
+	nodes[0].addrs = rev // as its Node object lists them, to peers too
+	for _, n := range nodes {
+		k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: n.addrs})
+		st := mustSync(t, k, remotes(n, nodes...))
+		requireInstalled(t, st)
+		for _, s := range st {
+			if !s.Via.Is4() {
+				t.Errorf("%s: %s via %s, want the peer's IPv4 address", n.name, s.Block, s.Via)
+			}
+		}
+		if vx := device(t, n); vx.SrcAddr.To4() == nil {
+			t.Errorf("%s: device's local end %s, want its IPv4 address", n.name, vx.SrcAddr)
+		}
+	}
+	pingAll(t, nodes...)
+}
+
+// TestVXLANLocalAddrChange: SetLocalAddrs with a new underlay address (the
+// node's address changed in the API) makes the next Sync recreate the
+// device with the new local end and MAC; invalid addresses are refused.
+func TestVXLANLocalAddrChange(t *testing.T) {
+	nodes := lan(t, 2)
+	n := nodes[0]
+	k := newKernel(t, n, vxlanCfg(n, true)) // IPv6 only at first
+	mustSync(t, k, remotes(n, nodes...))
+	if vx := device(t, n); !vx.SrcAddr.Equal(n.addrs[1].AsSlice()) {
+		t.Fatalf("device's local end %s, want %s", vx.SrcAddr, n.addrs[1])
+	}
+	if err := k.SetLocalAddrs([]netip.Addr{ip("127.0.0.1")}); !errors.Is(err, routing.ErrInvalid) {
+		t.Errorf("SetLocalAddrs(loopback) = %v, want ErrInvalid", err)
+	}
+	if err := k.SetLocalAddrs(n.addrs); err != nil {
+		t.Fatal(err)
+	}
+	requireInstalled(t, mustSync(t, k, remotes(n, nodes...)))
+	vx := device(t, n)
+	if !vx.SrcAddr.Equal(n.addrs[0].AsSlice()) || vx.HardwareAddr.String() != routing.MACFor(n.addrs[0]).String() {
+		t.Errorf("after the change: local end %s mac %s, want %s %s", vx.SrcAddr, vx.HardwareAddr, n.addrs[0], routing.MACFor(n.addrs[0]))
+	}
+	k2 := newKernel(t, nodes[1], routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: nodes[1].addrs})
+	requireInstalled(t, mustSync(t, k2, remotes(nodes[1], nodes...)))
+	pingAll(t, nodes...)
 }
 
 func device(t testing.TB, n *node) *netlink.Vxlan {

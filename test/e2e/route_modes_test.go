@@ -518,6 +518,18 @@ func TestRouteConvergence(t *testing.T) {
 			// n1's skeind crashes; meanwhile n2 gets a new block and a stale
 			// route of skein's own tag appears in n1's table (as a block
 			// freed while it was down leaves). Restarted, n1 converges.
+			vxIndex := func() int {
+				t.Helper()
+				if mode != routing.ModeVXLAN {
+					return 0
+				}
+				l, err := h1.LinkByName(routing.DefaultVXLANDevice)
+				if err != nil {
+					t.Fatalf("find %s on n1: %v", routing.DefaultVXLANDevice, err)
+				}
+				return l.Attrs().Index
+			}
+			vxBefore := vxIndex()
 			n1.D.Kill(t)
 			stale := &netlink.Route{Dst: mustNet("10.130.0.248/29"), Gw: topo.Nodes[1].Addr4.AsSlice(), LinkIndex: dev.Attrs().Index,
 				Table: routing.DefaultTable, Protocol: routing.DefaultProtocol}
@@ -528,6 +540,11 @@ func TestRouteConvergence(t *testing.T) {
 			n1.D.Start(t)
 			rc.converged(t, "routes after n1's skeind restarted", all, everyone)
 			foreignLeft("after skeind restarted")
+			// The restart keeps the VXLAN device (its reconcile once took
+			// it for a leftover pod link and deleted it).
+			if after := vxIndex(); after != vxBefore {
+				t.Errorf("%s was recreated across the skeind restart: ifindex %d, was %d", routing.DefaultVXLANDevice, after, vxBefore)
+			}
 			if failed := pingAll(t, []*kubenode.Pod{pods[n1.Name], pods[n2.Name], pods[n3.Name]}); len(failed) > 0 {
 				t.Errorf("pod to pod after the restart:\n%s", strings.Join(failed, "\n"))
 			}
