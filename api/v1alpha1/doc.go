@@ -1,6 +1,6 @@
 // Package v1alpha1 is skein's Kubernetes API, group skein.dev: the
 // cluster-scoped kinds that make the API server skein's store in Kubernetes
-// mode.
+// mode, and the namespaced Egress.
 //
 //   - AddressPool: subnets carved into blocks of 2^blockSizeBits addresses
 //     (the same geometry as the embedded store, internal/ipam).
@@ -8,6 +8,9 @@
 //     "<pool>-<index>" so the API server's name uniqueness forbids two blocks
 //     with one index.
 //   - BlockRequest: a node asking the controller for a block of a pool.
+//   - Egress: a NAT gateway of router pods that chosen pods reach through
+//     Foo-over-UDP tunnels, run by skein-controller as a Deployment and a
+//     Service.
 //
 // The package depends on apimachinery only (no controller-runtime, no
 // client-go), so anything may import it. zz_generated.deepcopy.go and the
@@ -38,6 +41,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&AddressPool{}, &AddressPoolList{},
 		&AddressBlock{}, &AddressBlockList{},
 		&BlockRequest{}, &BlockRequestList{},
+		&Egress{}, &EgressList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -50,6 +50,7 @@ type flags struct {
 	healthAddr  string
 	gcInterval  time.Duration
 	brWorkers   int
+	egressImage string
 	logLevel    string
 	logFormat   string
 	qps         float32
@@ -86,6 +87,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&fl.healthAddr, "health-addr", ":9387", `address of the probes (/healthz, /readyz); "0" turns them off`)
 	f.DurationVar(&fl.gcInterval, "gc-interval", 10*time.Minute, "time between sweeps for blocks and requests of deleted nodes")
 	f.IntVar(&fl.brWorkers, "blockrequest-workers", controller.DefaultBlockRequestWorkers, "BlockRequests served at once")
+	f.StringVar(&fl.egressImage, "egress-image", controller.DefaultEgressImage, "image of Egress router pods (runs skein-egress)")
 	f.Float32Var(&fl.qps, "kube-api-qps", 100, "requests per second to the API server, sustained (client-side limit)")
 	f.IntVar(&fl.burst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
 	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -151,7 +153,9 @@ func run(ctx context.Context, fl flags) error {
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if err := controller.Setup(mgr, controller.Options{GCInterval: fl.gcInterval, BlockRequestWorkers: fl.brWorkers}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{
+		GCInterval: fl.gcInterval, BlockRequestWorkers: fl.brWorkers, EgressImage: fl.egressImage,
+	}); err != nil {
 		return err
 	}
 	if err := setupWebhook(mgr, fl.webhook); err != nil {

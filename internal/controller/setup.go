@@ -15,13 +15,16 @@ type Options struct {
 	// BlockRequestWorkers is how many BlockRequests are served at once;
 	// zero means DefaultBlockRequestWorkers.
 	BlockRequestWorkers int
+	// EgressImage is the image of Egress router pods; "" means
+	// DefaultEgressImage.
+	EgressImage string
 }
 
 // DefaultBlockRequestWorkers is Options.BlockRequestWorkers' default.
 const DefaultBlockRequestWorkers = 4
 
 // Setup registers all of skein-controller's reconcilers with mgr: block
-// requests, pool status and finalizer, and the garbage collection of
+// requests, pool status and finalizer, Egress gateways, and the garbage collection of
 // deleted nodes. They run only while mgr leads, if it elects a leader.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	reader := mgr.GetAPIReader()
@@ -34,6 +37,13 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	if err := (&AddressPoolReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the AddressPool reconciler: %w", err)
+	}
+	eg := &EgressReconciler{
+		Client: mgr.GetClient(), Scheme: mgr.GetScheme(),
+		Recorder: mgr.GetEventRecorder("skein-controller"), Image: opts.EgressImage,
+	}
+	if err := eg.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the Egress reconciler: %w", err)
 	}
 	gc := &NodeGCReconciler{Client: mgr.GetClient(), Reader: reader, Interval: opts.GCInterval}
 	if err := gc.SetupWithManager(mgr); err != nil {

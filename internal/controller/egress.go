@@ -1,0 +1,267 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+)
+
+// DefaultEgressImage is Options.EgressImage's default: the image of the
+// skein manifests, which holds skein-egress.
+const DefaultEgressImage = "skein:dev"
+
+// Event reasons of an Egress.
+const (
+	ReasonEgressDeploymentFailed = "DeploymentFailed"
+	ReasonEgressServiceFailed    = "ServiceFailed"
+)
+
+// EgressReconciler runs each Egress as a Deployment of router pods and a
+// UDP Service in front of them, both named after the Egress and owned by
+// it, and reports the Deployment's replicas and pod selector in the
+// Egress's status (what the scale subresource reads).
+type EgressReconciler struct {
+	Client client.Client
+	Scheme *runtime.Scheme
+	// Recorder reports errors as events on the Egress; nil records none.
+	Recorder events.EventRecorder
+	// Image of the router pods; "" means DefaultEgressImage.
+	Image string
+}
+
+// SetupWithManager registers the reconciler with mgr: it runs for an
+// Egress and for every change of a Deployment or Service it owns.
+func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&skeinv1.Egress{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Named("egress").
+		Complete(countErrors("egress", r))
+}
+
+// EgressSelector is the label set of an Egress's router pods, the
+// Deployment's selector and the Service's.
+func EgressSelector(eg *skeinv1.Egress) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name":      "skein-egress",
+		"app.kubernetes.io/component": "egress-router",
+		skeinv1.LabelEgress:           eg.Name,
+	}
+}
+
+// Reconcile brings one Egress's Deployment, Service and status in step
+// with its spec.
+func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	eg := &skeinv1.Egress{}
+	if err := r.Client.Get(ctx, req.NamespacedName, eg); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !eg.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // the garbage collector removes what it owns
+	}
+	eg = eg.DeepCopy()
+
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
+		return r.mutateDeployment(eg, dep)
+	}); err != nil {
+		r.event(eg, ReasonEgressDeploymentFailed, "write Deployment %s: %v", eg.Name, err)
+		return requeueOnConflict(err, "write Deployment of egress %s/%s", eg.Namespace, eg.Name)
+	}
+
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, svc, func() error {
+		return r.mutateService(eg, svc)
+	}); err != nil {
+		r.event(eg, ReasonEgressServiceFailed, "write Service %s: %v", eg.Name, err)
+		return requeueOnConflict(err, "write Service of egress %s/%s", eg.Namespace, eg.Name)
+	}
+
+	st := skeinv1.EgressStatus{
+		Replicas:           dep.Status.Replicas,
+		Selector:           labels.SelectorFromSet(EgressSelector(eg)).String(),
+		ObservedGeneration: eg.Generation,
+	}
+	if !equality.Semantic.DeepEqual(st, eg.Status) {
+		eg.Status = st
+		if err := r.Client.Status().Update(ctx, eg); err != nil {
+			return requeueOnConflict(err, "update status of egress %s/%s", eg.Namespace, eg.Name)
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *EgressReconciler) event(eg *skeinv1.Egress, reason, format string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(eg, nil, corev1.EventTypeWarning, reason, "Reconcile", format, args...)
+	}
+}
+
+// mutateDeployment makes dep what eg asks for, keeping what the API
+// server filled in where eg says nothing.
+func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Deployment) error {
+	sel := EgressSelector(eg)
+	dep.Labels = mergeLabels(dep.Labels, sel)
+	if dep.Spec.Selector == nil { // immutable once made
+		dep.Spec.Selector = &metav1.LabelSelector{MatchLabels: sel}
+	}
+	dep.Spec.Replicas = ptr.To(eg.Spec.Replicas)
+	if eg.Spec.Strategy != nil {
+		dep.Spec.Strategy = *eg.Spec.Strategy.DeepCopy()
+	} else if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
+		dep.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType}
+	}
+	tmpl := r.podTemplate(eg)
+	// The API server fills in defaults, so the template read back never
+	// equals the one written. A hash of what was written notices any change
+	// of the Egress (a field removed too); DeepDerivative notices fields
+	// edited in the Deployment behind the controller's back.
+	sum, err := templateHash(tmpl)
+	if err != nil {
+		return err
+	}
+	if dep.Annotations[annotationTemplateHash] != sum || !equality.Semantic.DeepDerivative(tmpl, dep.Spec.Template) {
+		dep.Spec.Template = tmpl
+		if dep.Annotations == nil {
+			dep.Annotations = map[string]string{}
+		}
+		dep.Annotations[annotationTemplateHash] = sum
+	}
+	return controllerutil.SetControllerReference(eg, dep, r.Scheme)
+}
+
+// podTemplate is the router pod template of eg: the defaults, with
+// spec.template's overrides merged in.
+func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
+	image := r.Image
+	if image == "" {
+		image = DefaultEgressImage
+	}
+	var over skeinv1.EgressPodTemplate
+	if eg.Spec.Template != nil {
+		over = *eg.Spec.Template.DeepCopy()
+	}
+	t := corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{
+			Labels:      mergeLabels(over.Metadata.Labels, EgressSelector(eg)),
+			Annotations: over.Metadata.Annotations,
+		},
+		Spec: over.Spec,
+	}
+	base := corev1.Container{
+		Name:    skeinv1.EgressContainerName,
+		Image:   image,
+		Command: []string{"skein-egress"},
+		Args:    []string{"--egress-name", eg.Name, "--egress-namespace", eg.Namespace},
+		Ports: []corev1.ContainerPort{{
+			Name: "fou", ContainerPort: skeinv1.EgressFoUPort, Protocol: corev1.ProtocolUDP,
+		}},
+		SecurityContext: &corev1.SecurityContext{
+			Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}},
+		},
+	}
+	merged := false
+	for i := range t.Spec.Containers {
+		c := &t.Spec.Containers[i]
+		if c.Name != skeinv1.EgressContainerName {
+			continue
+		}
+		merged = true
+		if c.Image == "" {
+			c.Image = base.Image
+		}
+		if len(c.Command) == 0 {
+			c.Command = base.Command
+		}
+		if len(c.Args) == 0 {
+			c.Args = base.Args
+		}
+		if len(c.Ports) == 0 {
+			c.Ports = base.Ports
+		}
+		if c.SecurityContext == nil {
+			c.SecurityContext = base.SecurityContext
+		}
+	}
+	if !merged {
+		t.Spec.Containers = append([]corev1.Container{base}, t.Spec.Containers...)
+	}
+	return t
+}
+
+// mutateService makes svc the UDP front of eg's routers; the API server
+// keeps its ClusterIPs.
+func (r *EgressReconciler) mutateService(eg *skeinv1.Egress, svc *corev1.Service) error {
+	svc.Labels = mergeLabels(svc.Labels, EgressSelector(eg))
+	svc.Spec.Selector = EgressSelector(eg)
+	svc.Spec.Type = corev1.ServiceTypeClusterIP
+	if svc.Spec.IPFamilyPolicy == nil { // PreferDualStack: IPv6 clients too
+		svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack)
+	}
+	svc.Spec.Ports = []corev1.ServicePort{{
+		Name:       "fou",
+		Protocol:   corev1.ProtocolUDP,
+		Port:       skeinv1.EgressFoUPort,
+		TargetPort: intstr.FromInt32(skeinv1.EgressFoUPort),
+	}}
+	aff := eg.Spec.SessionAffinity
+	if aff == "" {
+		aff = corev1.ServiceAffinityClientIP
+	}
+	svc.Spec.SessionAffinity = aff
+	switch {
+	case aff != corev1.ServiceAffinityClientIP:
+		svc.Spec.SessionAffinityConfig = nil
+	case eg.Spec.SessionAffinityConfig != nil:
+		svc.Spec.SessionAffinityConfig = eg.Spec.SessionAffinityConfig.DeepCopy()
+	default:
+		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{
+			ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(corev1.DefaultClientIPServiceAffinitySeconds)},
+		}
+	}
+	return controllerutil.SetControllerReference(eg, svc, r.Scheme)
+}
+
+// annotationTemplateHash on an Egress's Deployment is templateHash of
+// the pod template the controller last wrote.
+const annotationTemplateHash = "egress.skein.dev/template-hash"
+
+func templateHash(t corev1.PodTemplateSpec) (string, error) {
+	b, err := json.Marshal(t)
+	if err != nil {
+		return "", fmt.Errorf("encode pod template: %w", err)
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:12]), nil
+}
+
+// mergeLabels returns a copy of base with extra set over it.
+func mergeLabels(base, extra map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(extra))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range extra {
+		out[k] = v
+	}
+	return out
+}
+
