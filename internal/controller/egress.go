@@ -264,4 +264,3 @@ func mergeLabels(base, extra map[string]string) map[string]string {
 	}
 	return out
 }
-
