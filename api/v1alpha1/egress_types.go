@@ -71,11 +71,12 @@ type EgressSpec struct {
 	// +optional
 	AllowPoolOverlap bool `json:"allowPoolOverlap,omitempty"`
 
-	// Replicas is the number of router pods.
+	// Replicas is the number of router pods (the scale subresource's
+	// spec.replicas).
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:default=1
 	// +optional
-	Replicas int32 `json:"replicas"`
+	Replicas *int32 `json:"replicas,omitempty"`
 
 	// Strategy replaces router pods, as a Deployment's strategy does.
 	// +optional

@@ -123,7 +123,7 @@ func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Depl
 	if dep.Spec.Selector == nil { // immutable once made
 		dep.Spec.Selector = &metav1.LabelSelector{MatchLabels: sel}
 	}
-	dep.Spec.Replicas = ptr.To(eg.Spec.Replicas)
+	dep.Spec.Replicas = ptr.To(ptr.Deref(eg.Spec.Replicas, 1))
 	if eg.Spec.Strategy != nil {
 		dep.Spec.Strategy = *eg.Spec.Strategy.DeepCopy()
 	} else if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {

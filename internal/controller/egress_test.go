@@ -1,0 +1,451 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/kube"
+)
+
+const egressNS = "egress-test"
+
+// startEgress runs the API server and every reconciler, with a namespace
+// for Egresses.
+func startEgress(t *testing.T, opts Options) (*kube.Env, client.Client) {
+	t.Helper()
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, opts)
+	return env, c
+}
+
+func newEgress(name string, dests ...string) *skeinv1.Egress {
+	return &skeinv1.Egress{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: egressNS},
+		Spec:       skeinv1.EgressSpec{Destinations: dests},
+	}
+}
+
+// ownedBy complains unless o has eg as its controlling owner.
+func ownedBy(o client.Object, eg *skeinv1.Egress) string {
+	ref := metav1.GetControllerOf(o)
+	if ref == nil {
+		return fmt.Sprintf("%s has no controller owner (%v)", o.GetName(), o.GetOwnerReferences())
+	}
+	if ref.UID != eg.UID || ref.Kind != "Egress" || ref.APIVersion != skeinv1.GroupVersion.String() || !ptr.Deref(ref.BlockOwnerDeletion, false) {
+		return fmt.Sprintf("%s's controller owner is %+v, want Egress %s uid %s blocking deletion", o.GetName(), *ref, eg.Name, eg.UID)
+	}
+	return ""
+}
+
+func getDeployment(t *testing.T, c client.Client, name string) (*appsv1.Deployment, string) {
+	t.Helper()
+	dep := &appsv1.Deployment{}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: egressNS, Name: name}, dep); err != nil {
+		return nil, err.Error()
+	}
+	return dep, ""
+}
+
+func routerContainer(dep *appsv1.Deployment) *corev1.Container {
+	for i := range dep.Spec.Template.Spec.Containers {
+		if c := &dep.Spec.Template.Spec.Containers[i]; c.Name == skeinv1.EgressContainerName {
+			return c
+		}
+	}
+	return nil
+}
+
+func TestEgressMakesDeploymentAndService(t *testing.T) {
+	env, c := startEgress(t, Options{EgressImage: "registry.example/skein:v1"})
+	ctx := context.Background()
+	eg := newEgress("nat", "0.0.0.0/0", "2001:db8::/32")
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	// The CRD's defaults.
+	if ptr.Deref(eg.Spec.Replicas, 0) != 1 || eg.Spec.SessionAffinity != corev1.ServiceAffinityClientIP || eg.Spec.FoUSourcePort != skeinv1.FoUSourcePortFixed {
+		t.Errorf("defaults: replicas %d, sessionAffinity %q, fouSourcePort %q; want 1, ClientIP, Fixed",
+			ptr.Deref(eg.Spec.Replicas, 0), eg.Spec.SessionAffinity, eg.Spec.FoUSourcePort)
+	}
+
+	var dep *appsv1.Deployment
+	eventually(t, "deployment", func() string {
+		var msg string
+		if dep, msg = getDeployment(t, c, "nat"); msg != "" {
+			return msg
+		}
+		return ownedBy(dep, eg)
+	})
+	sel := EgressSelector(eg)
+	if got := ptr.Deref(dep.Spec.Replicas, -1); got != 1 {
+		t.Errorf("deployment replicas %d, want 1", got)
+	}
+	for k, v := range sel {
+		if dep.Spec.Selector.MatchLabels[k] != v || dep.Spec.Template.Labels[k] != v {
+			t.Errorf("label %s=%s missing from selector %v or pod labels %v", k, v, dep.Spec.Selector.MatchLabels, dep.Spec.Template.Labels)
+		}
+	}
+	ctr := routerContainer(dep)
+	if ctr == nil {
+		t.Fatalf("no container %q in %+v", skeinv1.EgressContainerName, dep.Spec.Template.Spec.Containers)
+	}
+	wantArgs := []string{"--egress-name", "nat", "--egress-namespace", egressNS}
+	if ctr.Image != "registry.example/skein:v1" || !slices.Equal(ctr.Command, []string{"skein-egress"}) || !slices.Equal(ctr.Args, wantArgs) {
+		t.Errorf("router container image %q command %q args %q; want the --egress-image, skein-egress, %q", ctr.Image, ctr.Command, ctr.Args, wantArgs)
+	}
+	if len(ctr.Ports) != 1 || ctr.Ports[0].ContainerPort != 5555 || ctr.Ports[0].Protocol != corev1.ProtocolUDP {
+		t.Errorf("router ports %+v, want UDP 5555", ctr.Ports)
+	}
+
+	svc := &corev1.Service{}
+	eventually(t, "service", func() string {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "nat"}, svc); err != nil {
+			return err.Error()
+		}
+		return ownedBy(svc, eg)
+	})
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 5555 || svc.Spec.Ports[0].Protocol != corev1.ProtocolUDP ||
+		svc.Spec.Ports[0].TargetPort.IntValue() != 5555 {
+		t.Errorf("service ports %+v, want UDP 5555 -> 5555", svc.Spec.Ports)
+	}
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP || svc.Spec.SessionAffinityConfig == nil ||
+		ptr.Deref(svc.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds, 0) != corev1.DefaultClientIPServiceAffinitySeconds {
+		t.Errorf("service affinity %q %+v, want ClientIP with the default timeout", svc.Spec.SessionAffinity, svc.Spec.SessionAffinityConfig)
+	}
+	for k, v := range sel {
+		if svc.Spec.Selector[k] != v {
+			t.Errorf("service selector %v lacks %s=%s", svc.Spec.Selector, k, v)
+		}
+	}
+	if svc.Spec.ClusterIP == "" {
+		t.Error("service has no ClusterIP")
+	}
+
+	// Status: the selector at once; replicas follow the Deployment's
+	// status (no kube-controller-manager here: write it as it would).
+	eventually(t, "egress status selector", func() string {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+			return err.Error()
+		}
+		if want := "app.kubernetes.io/component=egress-router,app.kubernetes.io/name=skein-egress,egress.skein.dev/name=nat"; eg.Status.Selector != want {
+			return fmt.Sprintf("selector %q, want %q", eg.Status.Selector, want)
+		}
+		return ""
+	})
+	dep.Status.Replicas = 1
+	if err := c.Status().Update(ctx, dep); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "egress status replicas", func() string {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+			return err.Error()
+		}
+		if eg.Status.Replicas != 1 {
+			return fmt.Sprintf("status.replicas %d", eg.Status.Replicas)
+		}
+		return ""
+	})
+
+	// The printed columns and shortName work through kubectl.
+	out, err := env.Kubectl("get", "skegress", "-n", egressNS, "nat", "-o", "jsonpath={.status.selector}")
+	if err != nil || !strings.Contains(string(out), "egress.skein.dev/name=nat") {
+		t.Errorf("kubectl get skegress: %v: %s", err, out)
+	}
+
+	// Level-triggered: a Deployment or Service deleted behind the
+	// controller's back comes back (the Service keeps no ClusterIP).
+	if err := c.Delete(ctx, dep); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "deployment and service recreated", func() string {
+		d, msg := getDeployment(t, c, "nat")
+		if msg != "" {
+			return msg
+		}
+		if d.UID == dep.UID {
+			return "old deployment still there"
+		}
+		s := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "nat"}, s); err != nil {
+			return err.Error()
+		}
+		if s.UID == svc.UID {
+			return "old service still there"
+		}
+		return ""
+	})
+}
+
+func TestEgressScale(t *testing.T) {
+	env, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("scaled", "192.0.2.0/24")
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	replicas := func(want int32) func() string {
+		return func() string {
+			dep, msg := getDeployment(t, c, "scaled")
+			if msg != "" {
+				return msg
+			}
+			if got := ptr.Deref(dep.Spec.Replicas, -1); got != want {
+				return fmt.Sprintf("deployment replicas %d, want %d", got, want)
+			}
+			return ""
+		}
+	}
+	eventually(t, "deployment with 1 replica", replicas(1))
+
+	// kubectl scale goes through the scale subresource.
+	if out, err := env.Kubectl("scale", "-n", egressNS, "egress/scaled", "--replicas=3"); err != nil {
+		t.Fatalf("kubectl scale: %v: %s", err, out)
+	}
+	eventually(t, "deployment with 3 replicas", replicas(3))
+
+	// So does a client such as an HPA; it reads the selector there too.
+	scale := &autoscalingv1.Scale{}
+	if err := c.SubResource("scale").Get(ctx, eg, scale); err != nil {
+		t.Fatal(err)
+	}
+	if scale.Spec.Replicas != 3 {
+		t.Errorf("scale spec.replicas %d, want 3", scale.Spec.Replicas)
+	}
+	eventually(t, "scale selector", func() string {
+		if err := c.SubResource("scale").Get(ctx, eg, scale); err != nil {
+			return err.Error()
+		}
+		if !strings.Contains(scale.Status.Selector, "egress.skein.dev/name=scaled") {
+			return fmt.Sprintf("scale status.selector %q", scale.Status.Selector)
+		}
+		return ""
+	})
+	scale.Spec.Replicas = 0
+	if err := c.SubResource("scale").Update(ctx, eg, client.WithSubResourceBody(scale)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "deployment with 0 replicas", replicas(0))
+	if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+		t.Fatal(err)
+	}
+	if got := ptr.Deref(eg.Spec.Replicas, -1); got != 0 {
+		t.Errorf("egress spec.replicas %d after scaling to 0", got)
+	}
+}
+
+func TestEgressTemplateRollsOut(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("tmpl", "198.51.100.0/24")
+	eg.Spec.Template = &skeinv1.EgressPodTemplate{
+		Metadata: skeinv1.EgressPodMetadata{Annotations: map[string]string{"example.com/a": "1"}},
+	}
+	eg.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](600)}}
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	var first *appsv1.Deployment
+	eventually(t, "deployment", func() string {
+		var msg string
+		if first, msg = getDeployment(t, c, "tmpl"); msg != "" {
+			return msg
+		}
+		if first.Spec.Template.Annotations["example.com/a"] != "1" {
+			return fmt.Sprintf("pod annotations %v", first.Spec.Template.Annotations)
+		}
+		return ""
+	})
+	if got := first.Spec.Template.Spec.Containers[0].Image; got != DefaultEgressImage {
+		t.Errorf("router image %q, want the default %q", got, DefaultEgressImage)
+	}
+	svc := &corev1.Service{}
+	eventually(t, "service timeout", func() string {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "tmpl"}, svc); err != nil {
+			return err.Error()
+		}
+		if cfg := svc.Spec.SessionAffinityConfig; cfg == nil || ptr.Deref(cfg.ClientIP.TimeoutSeconds, 0) != 600 {
+			return fmt.Sprintf("affinity config %+v", cfg)
+		}
+		return ""
+	})
+
+	// Change the template: drop the annotation, override the router's
+	// image and resources, add a sidecar, set a strategy.
+	if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+		t.Fatal(err)
+	}
+	eg.Spec.Template = &skeinv1.EgressPodTemplate{
+		Metadata: skeinv1.EgressPodMetadata{Labels: map[string]string{"team": "net"}},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{
+				{Name: "egress", Image: "registry.example/egress:v2", Env: []corev1.EnvVar{{Name: "X", Value: "y"}}},
+				{Name: "sidecar", Image: "registry.example/sidecar:v1"},
+			},
+			NodeSelector: map[string]string{"egress": "true"},
+		},
+	}
+	eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	eg.Spec.SessionAffinity = corev1.ServiceAffinityNone
+	if err := c.Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new template", func() string {
+		dep, msg := getDeployment(t, c, "tmpl")
+		if msg != "" {
+			return msg
+		}
+		tp := dep.Spec.Template
+		switch {
+		case tp.Annotations["example.com/a"] != "":
+			return fmt.Sprintf("removed annotation still there: %v", tp.Annotations)
+		case tp.Labels["team"] != "net" || tp.Labels[skeinv1.LabelEgress] != "tmpl":
+			return fmt.Sprintf("pod labels %v", tp.Labels)
+		case len(tp.Spec.Containers) != 2:
+			return fmt.Sprintf("containers %+v", tp.Spec.Containers)
+		case tp.Spec.NodeSelector["egress"] != "true":
+			return fmt.Sprintf("node selector %v", tp.Spec.NodeSelector)
+		case dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType:
+			return fmt.Sprintf("strategy %+v", dep.Spec.Strategy)
+		}
+		ctr := routerContainer(dep)
+		if ctr.Image != "registry.example/egress:v2" || len(ctr.Env) != 1 ||
+			!slices.Equal(ctr.Command, []string{"skein-egress"}) || len(ctr.Ports) != 1 {
+			return fmt.Sprintf("router container %+v: want the override merged over the defaults", *ctr)
+		}
+		if dep.Generation == first.Generation {
+			return "generation unchanged"
+		}
+		return ""
+	})
+	eventually(t, "service affinity None", func() string {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "tmpl"}, svc); err != nil {
+			return err.Error()
+		}
+		if svc.Spec.SessionAffinity != corev1.ServiceAffinityNone || svc.Spec.SessionAffinityConfig != nil {
+			return fmt.Sprintf("affinity %q %+v", svc.Spec.SessionAffinity, svc.Spec.SessionAffinityConfig)
+		}
+		return ""
+	})
+
+	// A steady Egress writes nothing more.
+	dep, _ := getDeployment(t, c, "tmpl")
+	s := &corev1.Service{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "tmpl"}, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+		t.Fatal(err)
+	}
+	eg.Annotations = map[string]string{"poke": "1"} // a reconcile without a spec change
+	if err := c.Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		d, _ := getDeployment(t, c, "tmpl")
+		s2 := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "tmpl"}, s2); err != nil {
+			t.Fatal(err)
+		}
+		if d.ResourceVersion != dep.ResourceVersion || s2.ResourceVersion != s.ResourceVersion {
+			t.Fatalf("steady egress rewrote its objects: deployment %s -> %s, service %s -> %s",
+				dep.ResourceVersion, d.ResourceVersion, s.ResourceVersion, s2.ResourceVersion)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A template the API server refuses leaves an event on the Egress.
+func TestEgressBadTemplateEvent(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("broken", "203.0.113.0/24")
+	eg.Spec.Template = &skeinv1.EgressPodTemplate{Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "sidecar"}}, // no image
+	}}
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "event", func() string {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(egressNS)); err != nil {
+			return err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.UID == eg.UID && e.Reason == ReasonEgressDeploymentFailed && e.Type == corev1.EventTypeWarning &&
+				strings.Contains(e.Note, "image") {
+				return ""
+			}
+		}
+		return fmt.Sprintf("no DeploymentFailed event among %d", len(evs.Items))
+	})
+	if _, msg := getDeployment(t, c, "broken"); msg == "" {
+		t.Error("a deployment was made from a refused template")
+	}
+}
+
+// The CRD's schema refuses malformed destinations with a clear message.
+func TestEgressSchema(t *testing.T) {
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		eg   *skeinv1.Egress
+		want string
+	}{
+		{"not a cidr", newEgress("a", "192.0.2.1"), "must be a CIDR"},
+		{"garbage", newEgress("b", "example.com/24"), "must be a CIDR"},
+		{"host bits", newEgress("c", "192.0.2.1/24"), "host bits"},
+		{"host bits v6", newEgress("d", "2001:db8::1/32"), "host bits"},
+		{"duplicate", newEgress("e", "192.0.2.0/24", "10.0.0.0/8", "192.0.2.0/24"), "must not repeat"},
+		{"none", newEgress("f"), "destinations"},
+		{"negative replicas", func() *skeinv1.Egress {
+			e := newEgress("g", "192.0.2.0/24")
+			e.Spec.Replicas = ptr.To[int32](-1)
+			return e
+		}(), "replicas"},
+		{"bad fou mode", func() *skeinv1.Egress {
+			e := newEgress("h", "192.0.2.0/24")
+			e.Spec.FoUSourcePort = "Random"
+			return e
+		}(), "fouSourcePort"},
+	} {
+		err := c.Create(ctx, tc.eg)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: create = %v, want Invalid mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	if err := c.Create(ctx, newEgress("ok", "192.0.2.0/24", "2001:db8::/32")); err != nil {
+		t.Errorf("a good egress: %v", err)
+	}
+}
