@@ -298,6 +298,8 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 		requests = "blockrequests.skein.dev"
 		vwc      = "validatingwebhookconfigurations.admissionregistration.k8s.io"
 		leases   = "leases.coordination.k8s.io"
+		egresses = "egresses.skein.dev"
+		deploys  = "deployments.apps"
 	)
 	table := map[string][]access{
 		"skein-controller": {
@@ -334,6 +336,24 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"list", vwc, "", "", false},
 			{"list", "pods", "", "", false},
 			{"create", "pods", "", namespace, false},
+			// Egresses: read, status written, run as Deployments and
+			// Services in any namespace; not made or changed by it.
+			{"watch", egresses, "", "", true},
+			{"update", egresses, "status", "", true},
+			{"update", egresses, "finalizers", "", true},
+			{"create", egresses, "", "", false},
+			{"update", egresses, "", "", false},
+			{"delete", egresses, "", "", false},
+			{"update", egresses, "scale", "", false},
+			{"watch", deploys, "", "", true},
+			{"create", deploys, "", "default", true},
+			{"update", deploys, "", "default", true},
+			{"delete", deploys, "", "default", true},
+			{"create", "services", "", "default", true},
+			{"update", "services", "", "default", true},
+			{"delete", "services", "", "default", true},
+			{"list", "services", "", "", true},
+			{"update", "statefulsets.apps", "", "default", false},
 		},
 		"skeind": {
 			{"list", pools, "", "", true},
@@ -370,6 +390,8 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"create", leases, "", namespace, false},
 			{"list", "pods", "", "", false},
 			{"patch", vwc + "/" + webhookConfig, "", "", false},
+			{"update", egresses, "status", "", false},
+			{"create", deploys, "", "default", false},
 		},
 	}
 	for sa, rules := range table {
