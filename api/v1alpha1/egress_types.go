@@ -55,8 +55,10 @@ const (
 // EgressSpec is the desired gateway.
 type EgressSpec struct {
 	// Destinations are the IPv4 and IPv6 CIDRs whose traffic goes through
-	// the gateway, without host bits and without duplicates. They may not
-	// overlap an AddressPool unless allowPoolOverlap is set.
+	// the gateway, without host bits and without duplicates. Apart from
+	// a default route (0.0.0.0/0, ::/0), which clients use only after their
+	// routes to the cluster's networks, they may not overlap an
+	// AddressPool unless allowPoolOverlap is set.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=128
 	// +kubebuilder:validation:items:MaxLength=43

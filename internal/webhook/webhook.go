@@ -89,7 +89,8 @@ func (o Options) names() []string {
 }
 
 // Add registers with mgr a webhook server on Options.Host:Port serving
-// the AddressPool validator at Path, and the certificate rotator that
+// the AddressPool validator at Path and the Egress validator at
+// PathEgress, and the certificate rotator that
 // keeps its Secret and the caBundle current. Both run on every replica,
 // leader or not: the API server may call any replica behind the Service.
 //
@@ -118,6 +119,8 @@ func add(mgr manager.Manager, opts Options) (*rotator, error) {
 	})
 	v := &poolValidator{reader: mgr.GetAPIReader()}
 	srv.Register(Path, admission.WithValidator[*skeinv1.AddressPool](mgr.GetScheme(), v))
+	ev := &egressValidator{reader: mgr.GetAPIReader()}
+	srv.Register(PathEgress, admission.WithValidator[*skeinv1.Egress](mgr.GetScheme(), ev))
 	if err := mgr.Add(r); err != nil {
 		return nil, fmt.Errorf("add webhook certificate rotator: %w", err)
 	}

@@ -63,6 +63,7 @@ func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 		t.Fatalf("apply RBAC: %v: %s", err, out)
 	}
 	url := "https://127.0.0.1:" + strconv.Itoa(port) + Path
+	egressURL := "https://127.0.0.1:" + strconv.Itoa(port) + PathEgress
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: DefaultConfigName},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
@@ -77,6 +78,20 @@ func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 				Rule: admissionregistrationv1.Rule{
 					APIGroups: []string{"skein.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addresspools"},
 					Scope: ptr.To(admissionregistrationv1.ClusterScope),
+				},
+			}},
+		}, {
+			Name:                    "egresses.skein.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &egressURL},
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			TimeoutSeconds:          ptr.To[int32](5),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{"skein.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"egresses"},
+					Scope: ptr.To(admissionregistrationv1.NamespacedScope),
 				},
 			}},
 		}},
@@ -337,8 +352,20 @@ func TestManifestMatchesDefaults(t *testing.T) {
 	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096).Decode(&cfg); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Name != DefaultConfigName || len(cfg.Webhooks) != 1 {
-		t.Fatalf("configuration %q with %d webhooks, want %q with 1", cfg.Name, len(cfg.Webhooks), DefaultConfigName)
+	if cfg.Name != DefaultConfigName || len(cfg.Webhooks) != 2 {
+		t.Fatalf("configuration %q with %d webhooks, want %q with 2 (pools, egresses)", cfg.Name, len(cfg.Webhooks), DefaultConfigName)
+	}
+	eg := cfg.Webhooks[1]
+	if svc := eg.ClientConfig.Service; svc == nil || svc.Name != DefaultServiceName || svc.Namespace != DefaultNamespace ||
+		svc.Path == nil || *svc.Path != PathEgress {
+		t.Errorf("egress webhook clientConfig.service %+v, want %s/%s path %s", svc, DefaultNamespace, DefaultServiceName, PathEgress)
+	}
+	if p := eg.FailurePolicy; p == nil || *p != admissionregistrationv1.Fail {
+		t.Error("egress webhook failurePolicy is not Fail")
+	}
+	if r := eg.Rules; len(r) != 1 || len(r[0].Resources) != 1 || r[0].Resources[0] != "egresses" || len(r[0].Operations) != 2 ||
+		r[0].Scope == nil || *r[0].Scope != admissionregistrationv1.NamespacedScope {
+		t.Errorf("egress webhook rules %+v, want CREATE and UPDATE of namespaced egresses", r)
 	}
 	svc := cfg.Webhooks[0].ClientConfig.Service
 	if svc == nil || svc.Name != DefaultServiceName || svc.Namespace != DefaultNamespace || svc.Path == nil || *svc.Path != Path {
