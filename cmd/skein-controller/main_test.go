@@ -72,6 +72,10 @@ func grantControllerRole(t *testing.T, c client.Client) {
 				rule("skein.dev", []string{"blockrequests"}, append(read, "delete")),
 				rule("skein.dev", []string{"blockrequests/status"}, []string{"update"}),
 				rule("", []string{"nodes"}, read),
+				rule("skein.dev", []string{"egresses"}, read),
+				rule("skein.dev", []string{"egresses/status", "egresses/finalizers"}, []string{"update"}),
+				rule("apps", []string{"deployments"}, append(read, "create", "update", "delete")),
+				rule("", []string{"services"}, append(read, "create", "update", "delete")),
 			},
 		},
 		&rbacv1.ClusterRoleBinding{
