@@ -42,9 +42,7 @@ func startAll(t *testing.T, env *kube.Env, opts Options) {
 	go func() { done <- mgr.Start(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
+		checkStopped(t, <-done)
 	})
 }
 

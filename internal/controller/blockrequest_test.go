@@ -48,9 +48,7 @@ func startController(t *testing.T, env *kube.Env, workers int) {
 	go func() { done <- mgr.Start(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
+		checkStopped(t, <-done)
 	})
 }
 

@@ -63,9 +63,7 @@ func startElected(t *testing.T, env *kube.Env, name string) *electedManager {
 func (m *electedManager) stop(t *testing.T) {
 	m.once.Do(func() {
 		m.cancel()
-		if err := <-m.done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
+		checkStopped(t, <-m.done)
 	})
 }
 
