@@ -117,7 +117,7 @@ func needRoot(t testing.TB) {
 	t.Helper()
 	harness.RequireRoot(t)
 	if pluginImage == "" {
-		t.Skip("no test image")
+		t.Skip("no test image: TestMain builds it only when run as root, and this test needs root")
 	}
 }
 
