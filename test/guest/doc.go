@@ -63,7 +63,13 @@
 //
 // With Config.HostPorts the guest gets a NIC on qemu's user-mode network,
 // restricted so that only the listed TCP ports of the host's loopback are
-// reachable, at HostAddr (also in SKEIN_GUEST_HOST inside).
+// reachable, at HostAddr (also in SKEIN_GUEST_HOST inside): a kube-apiserver
+// the outer test started on 127.0.0.1:P is https://10.0.2.100:P inside.
+// Its certificate names 127.0.0.1, not HostAddr: set the client's TLS
+// server name (rest.Config TLSClientConfig.ServerName = "127.0.0.1"). Each
+// connection is relayed by a busybox nc that qemu starts; the host's
+// network is not touched (TestGuestHostPorts also checks that a port not
+// listed stays unreachable).
 //
 // A run costs about a second to build the binary and initramfs and 5–8 s
 // of guest time on this 2-core machine under load (kernel boot ≈ 2.5 s of

@@ -178,3 +178,23 @@ func TestReportNamesFailures(t *testing.T) {
 		}
 	}
 }
+
+func TestHostPortArgs(t *testing.T) {
+	for _, bad := range [][]int{{0}, {70000}, {-1}, {8080, 8080}} {
+		if err := checkHostPorts(bad); err == nil {
+			t.Errorf("checkHostPorts(%v) accepted", bad)
+		}
+	}
+	if err := checkHostPorts([]int{6443, 8080}); err != nil {
+		t.Error(err)
+	}
+	if got := strings.Join(netArgs(Config{}), " "); got != "-nic none" {
+		t.Errorf("without HostPorts qemu gets %q, want no NIC", got)
+	}
+	got := strings.Join(netArgs(Config{HostPorts: []int{6443}}), " ")
+	for _, want := range []string{"restrict=on", "guestfwd=tcp:" + HostAddr + ":6443-cmd:", "nc 127.0.0.1 6443", "virtio-net-pci"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("qemu network options %q lack %q", got, want)
+		}
+	}
+}

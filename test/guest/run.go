@@ -48,6 +48,9 @@ func Run(t testing.TB, cfg Config) *Result {
 	if cfg.Package == "" {
 		t.Fatal("guest.Run: Config.Package is empty")
 	}
+	if err := checkHostPorts(cfg.HostPorts); err != nil {
+		t.Fatalf("guest.Run: %v", err)
+	}
 	if cfg.MemoryMB == 0 {
 		cfg.MemoryMB = DefaultMemoryMB
 	}
@@ -60,7 +63,7 @@ func Run(t testing.TB, cfg Config) *Result {
 
 	res := &Result{ExitCode: -1}
 	buildStart := time.Now()
-	mods, err := kernel.Resolve(cfg.Modules)
+	mods, err := kernel.Resolve(append(netModules(cfg), cfg.Modules...))
 	if err != nil {
 		t.Fatalf("guest modules: %v", err)
 	}
@@ -224,14 +227,6 @@ func writeInitramfs(out string, cfg Config, bin string, mods []Module) error {
 	return err
 }
 
-// networkScript configures the guest's NIC when it has one (HostPorts).
-func networkScript(cfg Config) string {
-	if len(cfg.HostPorts) == 0 {
-		return ""
-	}
-	return "" // see hostports.go
-}
-
 // qemuArgs is the machine: TCG (this host's KVM is nested and hangs stock
 // kernels), no default devices, the console on the serial port, no reboot
 // (the guest's power-off or panic ends qemu).
@@ -243,10 +238,7 @@ func qemuArgs(kernel, initrd string, cfg Config) []string {
 		"-kernel", kernel, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 quiet",
 	}
-	if len(cfg.HostPorts) == 0 {
-		args = append(args, "-nic", "none")
-	}
-	return args
+	return append(args, netArgs(cfg)...)
 }
 
 // boot runs qemu until the guest powers off or cfg.Timeout passes, and
