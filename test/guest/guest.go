@@ -53,7 +53,9 @@ type Config struct {
 	Tags string
 	// Run is the -test.run regexp; "" runs every test (as go test does).
 	Run string
-	// Bench is the -test.bench regexp; "" runs no benchmark.
+	// Bench is the -test.bench regexp; "" runs no benchmark. As with go
+	// test, tests matching Run run too: set Run to "^$" for benchmarks
+	// only.
 	Bench string
 	// BenchTime is -test.benchtime ("" = the testing default).
 	BenchTime string

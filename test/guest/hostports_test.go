@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -21,11 +22,13 @@ const (
 	envAllowedPort = "SKEIN_GUEST_TEST_ALLOWED"
 	envToken       = "SKEIN_GUEST_TEST_TOKEN"
 	envOtherPort   = "SKEIN_GUEST_TEST_OTHER"
+	guestTokenFile = "/opt/skein/token"
 )
 
 // TestGuestHostPorts: a guest given one host loopback port reaches an HTTP
 // server there, again and concurrently, and nothing else of the host: a
 // second server on the host's loopback, not listed, stays unreachable.
+// (It also checks Config.Files, to save a boot.)
 func TestGuestHostPorts(t *testing.T) {
 	token := fmt.Sprintf("skein-%d", time.Now().UnixNano())
 	allowed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -36,12 +39,18 @@ func TestGuestHostPorts(t *testing.T) {
 		fmt.Fprint(w, "must not be reachable")
 	}))
 	defer other.Close()
+	// A file handed in through Files: its content and mode arrive.
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token), 0o750); err != nil {
+		t.Fatal(err)
+	}
 	port := allowed.Listener.Addr().(*net.TCPAddr).Port
 	otherPort := other.Listener.Addr().(*net.TCPAddr).Port
 	guest.Run(t, guest.Config{
 		Package:   "./test/guest",
 		Run:       "^TestGuestHostPortsInside$",
 		HostPorts: []int{port},
+		Files:     map[string]string{guestTokenFile: file},
 		Env: []string{
 			envAllowedPort + "=" + strconv.Itoa(port), envToken + "=" + token,
 			envOtherPort + "=" + strconv.Itoa(otherPort),
@@ -55,6 +64,12 @@ func TestGuestHostPortsInside(t *testing.T) {
 	port, token := os.Getenv(envAllowedPort), os.Getenv(envToken)
 	if host != guest.HostAddr || port == "" || token == "" {
 		t.Skipf("skipping: only TestGuestHostPorts runs this (%s=%q, port %q)", guest.EnvHost, host, port)
+	}
+	if b, err := os.ReadFile(guestTokenFile); err != nil || string(b) != token {
+		t.Errorf("%s holds %q (%v), want %q (Config.Files)", guestTokenFile, b, err, token)
+	}
+	if st, err := os.Stat(guestTokenFile); err != nil || st.Mode().Perm() != 0o750 {
+		t.Errorf("%s: mode %v (%v), want 0750 as on the host", guestTokenFile, st.Mode(), err)
 	}
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	get := func(addr string) (string, error) {
