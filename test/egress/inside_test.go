@@ -1,0 +1,432 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/guest"
+	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/kubenode"
+)
+
+// routerMetricsPort is where skein-egress serves /metrics in its pod.
+const routerMetricsPort = 9386
+
+// cluster is what the inner test works with: the API, the node's skeind,
+// the Egress's Service addresses and its router pods' labels.
+type cluster struct {
+	c          client.Client
+	kubeconfig string
+	node       *kubenode.Node
+	cip4, cip6 netip.Addr
+	labels     map[string]string
+}
+
+// TestEgressClusterInside: the guest half of TestEgressCluster (see
+// there). The guest's root namespace is the node guest-node: skeind runs
+// there in the Kubernetes mode; pods are namespaces ADDed through the
+// skein CNI plugin, their Pod objects made and their status written by
+// the test (there is no kubelet); the router pods run the real
+// skein-egress; kube-proxy's DNAT of the Service is emulated with
+// nftables; an "external" namespace behind a veth serves TCP and UDP
+// echoes that tell each client the source address they saw.
+func TestEgressClusterInside(t *testing.T) {
+	guest.RequireGuest(t)
+	kc := os.Getenv(envKubeconfig)
+	if kc == "" {
+		t.Skipf("skipping: $%s is not set; TestEgressCluster runs this test in the guest", envKubeconfig)
+	}
+	start := time.Now()
+	rc, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kube.NewClient(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &cluster{c: c, kubeconfig: kc}
+	cl.readEgress(t)
+
+	// The node: forwarding on (skeind's --node-forwarding too), pods'
+	// traffic to the API server masqueraded out of the guest's NIC.
+	hostNAT(t)
+	cl.node = kubenode.StartNode(t, kc, nodeName, kubenode.NodeOptions{Args: []string{
+		"--node-netns", "", "--mtu", "1500", "--node-forwarding=true", "--log-level", "debug",
+	}})
+	ext := startExternal(t)
+	t.Logf("node up in %v", time.Since(start).Round(time.Millisecond))
+
+	// Two router pods with the Deployment's labels, each running
+	// skein-egress; kube-proxy's DNAT sends the Service to both.
+	ra := cl.startRouter(t, "nat-router-a")
+	rb := cl.startRouter(t, "nat-router-b")
+	routers := []*router{ra, rb}
+	proxy := newProxy(t, cl.cip4, cl.cip6)
+	proxy.set(t, routers)
+	t.Logf("routers %s (%v) and %s (%v) up in %v", ra.name, ra.pod.Addrs, rb.name, rb.pod.Addrs, time.Since(start).Round(time.Millisecond))
+
+	// The client pod, annotated for the Egress.
+	cp := cl.addPod(t, clientNS, "client", nil, map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: egressName})
+	client4, client6 := cp.Addr(false), cp.Addr(true)
+	t.Logf("client %v up in %v", cp.Addrs, time.Since(start).Round(time.Millisecond))
+	cl.wantTunnels(t, cp, true)
+
+	byAddr := map[netip.Addr]*router{}
+	for _, r := range routers {
+		for _, a := range r.pod.Addrs {
+			byAddr[a] = r
+		}
+	}
+	// through returns the router behind source address src (nil if none).
+	through := func(src netip.Addr) *router { return byAddr[src] }
+
+	var used *router
+	t.Run("through a router", func(t *testing.T) {
+		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
+			for _, proto := range []string{"tcp", "udp"} {
+				src := eventuallySource(t, cp, proto, dst, 60*time.Second, func(src netip.Addr) string {
+					if through(src) == nil {
+						return fmt.Sprintf("seen from %v, no router's address", src)
+					}
+					return ""
+				})
+				r := through(src)
+				t.Logf("%s to %v: the server saw %v, router %s", proto, dst, src, r.name)
+				if used == nil {
+					used = r
+				}
+				// The emulated kube-proxy hands a family's first flow
+				// to the first endpoint: one router carries all, so
+				// that removing it moves both families.
+				if r != used {
+					t.Errorf("%s to %v went through %s, the earlier flows through %s", proto, dst, r.name, used.name)
+				}
+			}
+		}
+		cl.wantRouterMetrics(t, used, 1)
+	})
+	if used == nil {
+		t.FailNow()
+	}
+	ext.wantNeverSaw(t, client4, client6)
+
+	t.Run("a router removed", func(t *testing.T) {
+		other := ra
+		if used == ra {
+			other = rb
+		}
+		proxy.set(t, []*router{other})
+		flushConntrack(t, used)
+		used.stop(t)
+		if err := cl.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: used.name}}); err != nil {
+			t.Fatalf("delete pod %s: %v", used.name, err)
+		}
+		if err := used.pod.Del(t); err != nil {
+			t.Fatal(err)
+		}
+		wantOnlyKernelLinks(t, used.pod.NS, "the namespace of router "+used.name+" after skein-egress stopped and its DEL")
+		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
+			for _, proto := range []string{"tcp", "udp"} {
+				src := eventuallySource(t, cp, proto, dst, 30*time.Second, func(src netip.Addr) string {
+					if through(src) != other {
+						return fmt.Sprintf("seen from %v, not router %s's address (%v)", src, other.name, other.pod.Addrs)
+					}
+					return ""
+				})
+				t.Logf("%s to %v after %s went: the server saw %v (%s)", proto, dst, used.name, src, other.name)
+			}
+		}
+		cl.wantRouterMetrics(t, other, 1)
+		used = other
+	})
+	ext.wantNeverSaw(t, client4, client6)
+
+	t.Run("annotation removed", func(t *testing.T) {
+		cl.patchAnnotation(t, cp, nil)
+		kubenode.Eventually(t, 30*time.Second, "skeind removing the client's tunnels", func() string {
+			return cl.tunnelProblem(cp, false)
+		})
+		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
+			want := client4
+			if dst.Is6() {
+				want = client6
+			}
+			for _, proto := range []string{"tcp", "udp"} {
+				eventuallySource(t, cp, proto, dst, 30*time.Second, func(src netip.Addr) string {
+					if src != want {
+						return fmt.Sprintf("seen from %v, not the client's own %v", src, want)
+					}
+					return ""
+				})
+			}
+		}
+		cl.wantRouterMetrics(t, used, 0)
+	})
+
+	t.Run("annotation back, then DEL", func(t *testing.T) {
+		cl.patchAnnotation(t, cp, map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: egressName})
+		kubenode.Eventually(t, 30*time.Second, "skeind restoring the client's tunnels", func() string {
+			return cl.tunnelProblem(cp, true)
+		})
+		eventuallySource(t, cp, "tcp", ext.addr4, 30*time.Second, func(src netip.Addr) string {
+			if through(src) != used {
+				return fmt.Sprintf("seen from %v, not router %s's address", src, used.name)
+			}
+			return ""
+		})
+		if err := cp.Del(t); err != nil {
+			t.Fatal(err)
+		}
+		cl.wantTunnels(t, cp, false)
+		wantOnlyKernelLinks(t, cp.NS, "the client's namespace after DEL")
+	})
+	t.Logf("inner test done in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// readEgress waits for the Egress's Service (both ClusterIPs) and reads
+// the router pods' labels from its Deployment.
+func (cl *cluster) readEgress(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: egressNS, Name: egressName}
+	var svc corev1.Service
+	if err := cl.c.Get(ctx, key, &svc); err != nil {
+		t.Fatalf("the Egress's Service: %v", err)
+	}
+	for _, s := range svc.Spec.ClusterIPs {
+		a := netip.MustParseAddr(s)
+		if a.Is4() {
+			cl.cip4 = a
+		} else {
+			cl.cip6 = a
+		}
+	}
+	if !cl.cip4.IsValid() || !cl.cip6.IsValid() {
+		t.Fatalf("Service %s has ClusterIPs %v, want one per family", key, svc.Spec.ClusterIPs)
+	}
+	var dep appsv1.Deployment
+	if err := cl.c.Get(ctx, key, &dep); err != nil {
+		t.Fatalf("the Egress's Deployment: %v", err)
+	}
+	cl.labels = dep.Spec.Template.Labels
+	if len(cl.labels) == 0 {
+		t.Fatalf("Deployment %s has a pod template without labels", key)
+	}
+}
+
+// addPod creates the Pod object (bound to the node), ADDs its namespace
+// through the skein CNI plugin and, as a kubelet would, writes its
+// addresses and phase Running into its status.
+func (cl *cluster) addPod(t *testing.T, namespace, name string, labels, annotations map[string]string) *kubenode.Pod {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels, Annotations: annotations},
+		Spec: corev1.PodSpec{
+			NodeName:   nodeName,
+			Containers: []corev1.Container{{Name: "main", Image: "skein:dev"}},
+		},
+	}
+	if err := cl.c.Create(ctx, pod); err != nil {
+		t.Fatalf("create pod %s/%s: %v", namespace, name, err)
+	}
+	p := cl.node.MustAddPod(t, namespace, name)
+	if len(p.Addrs) != 2 {
+		t.Fatalf("pod %s/%s got addresses %v, want one per family", namespace, name, p.Addrs)
+	}
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.PodIP = p.Addrs[0].String()
+	pod.Status.PodIPs = nil
+	for _, a := range p.Addrs {
+		pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: a.String()})
+	}
+	if err := cl.c.Status().Update(ctx, pod); err != nil {
+		t.Fatalf("write the status of pod %s/%s: %v", namespace, name, err)
+	}
+	return p
+}
+
+// patchAnnotation replaces the client pod's egress annotations.
+func (cl *cluster) patchAnnotation(t *testing.T, p *kubenode.Pod, ann map[string]string) {
+	t.Helper()
+	key := skeinv1.AnnotationEgressPrefix + egressNS
+	var patch string
+	if v, ok := ann[key]; ok {
+		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, key, v)
+	} else {
+		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, key)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.RT.ContainerID}}
+	if err := cl.c.Patch(context.Background(), pod, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatalf("patch the annotations of pod %s: %v", p.RT.ContainerID, err)
+	}
+}
+
+// router is a router pod running skein-egress.
+type router struct {
+	name string
+	pod  *kubenode.Pod
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+// startRouter makes a router pod and runs skein-egress inside its
+// namespace, as the Deployment's container would (the downward API's
+// POD_IPS, the Egress's name), and waits until it is ready.
+func (cl *cluster) startRouter(t *testing.T, name string) *router {
+	t.Helper()
+	p := cl.addPod(t, egressNS, name, cl.labels, nil)
+	r := &router{name: name, pod: p, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
+	logf, err := os.Create(r.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	var ips []string
+	for _, a := range p.Addrs {
+		ips = append(ips, a.String())
+	}
+	r.cmd = exec.Command(filepath.Join(os.Getenv("SKEIN_BIN_DIR"), "skein-egress"),
+		"--egress-name", egressName, "--egress-namespace", egressNS, "--kubeconfig", cl.kubeconfig,
+		"--metrics-addr", fmt.Sprintf(":%d", routerMetricsPort), "--log-level", "debug")
+	r.cmd.Env = append(os.Environ(), "POD_IPS="+strings.Join(ips, ","))
+	r.cmd.Stdout, r.cmd.Stderr = logf, logf
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// The child is forked from the thread inside the pod's namespace.
+	if err := p.NS.Do(r.cmd.Start); err != nil {
+		t.Fatalf("start skein-egress in %s: %v", name, err)
+	}
+	go func() { r.cmd.Wait(); close(r.done) }()
+	t.Cleanup(func() {
+		r.stop(t)
+		if t.Failed() {
+			b, _ := os.ReadFile(r.log)
+			t.Logf("log of skein-egress in %s:\n%s", name, b)
+		}
+	})
+	kubenode.Eventually(t, kubenode.Wait, "skein-egress in "+name+" ready", func() string {
+		select {
+		case <-r.done:
+			b, _ := os.ReadFile(r.log)
+			t.Fatalf("skein-egress in %s exited: %v\n%s", name, r.cmd.ProcessState, b)
+		default:
+		}
+		return httpProblem(r.url("/readyz"))
+	})
+	return r
+}
+
+// url is a path of the router's metrics server, reached from the node.
+func (r *router) url(path string) string {
+	return fmt.Sprintf("http://%s:%d%s", r.pod.Addr(false), routerMetricsPort, path)
+}
+
+// stop SIGTERMs skein-egress (it removes its data plane) and waits.
+func (r *router) stop(t *testing.T) {
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(20 * time.Second):
+		r.cmd.Process.Kill()
+		<-r.done
+		t.Errorf("skein-egress in %s did not stop on SIGTERM", r.name)
+	}
+}
+
+// wantRouterMetrics waits until the router's metrics count clients
+// clients and a tunnel per client and family.
+func (cl *cluster) wantRouterMetrics(t *testing.T, r *router, clients int) {
+	t.Helper()
+	kubenode.Eventually(t, 30*time.Second, "the metrics of skein-egress in "+r.name, func() string {
+		var got []string
+		for _, m := range []struct {
+			name string
+			want int
+		}{{"skein_egress_clients", clients}, {"skein_egress_tunnels", 2 * clients}} {
+			v, err := kubenode.SampleErr(r.url("/metrics"), m.name)
+			if err != nil {
+				return err.Error()
+			}
+			if v != fmt.Sprint(m.want) {
+				got = append(got, fmt.Sprintf("%s %q (want %d)", m.name, v, m.want))
+			}
+		}
+		if clients > 0 {
+			// Traffic went through: the SNAT rules counted it.
+			v, err := kubenode.SampleErr(r.url("/metrics"), "skein_egress_packets_total")
+			if err != nil {
+				return err.Error()
+			}
+			if n, err := strconv.ParseFloat(v, 64); err != nil || n <= 0 {
+				got = append(got, fmt.Sprintf("skein_egress_packets_total %q (want > 0)", v))
+			}
+		}
+		return strings.Join(got, ", ")
+	})
+}
+
+// errNoSource: the echo answered nothing usable.
+var errNoSource = errors.New("no source address in the echo")
+
+// eventuallySource repeats a TCP or UDP echo from the pod to dst until
+// judge accepts the source address the server saw ("" = accepted), and
+// returns it.
+func eventuallySource(t *testing.T, p *kubenode.Pod, proto string, dst netip.Addr, within time.Duration, judge func(netip.Addr) string) netip.Addr {
+	t.Helper()
+	var src netip.Addr
+	kubenode.Eventually(t, within, fmt.Sprintf("%s echo from %s to %v", proto, p.RT.ContainerID, dst), func() string {
+		var err error
+		src, err = echo(p.NS, proto, dst)
+		if err != nil {
+			return err.Error()
+		}
+		return judge(src)
+	})
+	return src
+}
+
+// kernelLinks are the links a new namespace has here: lo and the
+// fallback devices the ipip and ip6_tunnel modules make in every
+// namespace.
+var kernelLinks = []string{"ip6tnl0", "lo", "tunl0"}
+
+// wantOnlyKernelLinks fails t unless ns holds only kernelLinks.
+func wantOnlyKernelLinks(t *testing.T, ns *harness.NS, what string) {
+	t.Helper()
+	links, err := ns.Handle(t).LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		if !slices.Contains(kernelLinks, l.Attrs().Name) {
+			t.Errorf("%s holds link %s (%s); want only %v", what, l.Attrs().Name, l.Type(), kernelLinks)
+		}
+	}
+}
