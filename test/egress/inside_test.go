@@ -27,6 +27,7 @@ import (
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/kubenode"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // routerMetricsPort is where skein-egress serves /metrics in its pod.
@@ -201,7 +202,53 @@ func TestEgressClusterInside(t *testing.T) {
 		cl.wantTunnels(t, cp, false)
 		wantOnlyKernelLinks(t, cp.NS, "the client's namespace after DEL")
 	})
+	t.Run("a pod naming a missing Egress", func(t *testing.T) { cl.missingEgress(t) })
 	t.Logf("inner test done in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// missingEgress: the ADD of a pod naming an Egress that does not exist
+// fails with an error naming it, leaves the pod's namespace and the node
+// without an attachment, and the Pod gets a Warning event.
+func (cl *cluster) missingEgress(t *testing.T) {
+	ctx := context.Background()
+	const name = "stray"
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: clientNS, Name: name,
+			Annotations: map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: "missing"}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "main", Image: "skein:dev"}}},
+	}
+	if err := cl.c.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	before := len(cl.node.D.Attachments(t))
+	ns := harness.NewNS(t, "pod")
+	rt := skeintest.RT(name, ns.Path(), "eth0")
+	rt.Args = [][2]string{{"K8S_POD_NAMESPACE", clientNS}, {"K8S_POD_NAME", name}}
+	actx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_, err := cl.node.D.CNI().AddNetworkList(actx, cl.node.ConfList(t), rt)
+	want := "Egress " + egressNS + "/missing not found"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("ADD of a pod naming a missing Egress: %v; want an error saying %q", err, want)
+	}
+	wantOnlyKernelLinks(t, ns, "the namespace of a pod whose ADD failed")
+	if n := len(cl.node.D.Attachments(t)); n != before {
+		t.Errorf("skeind holds %d attachments after the failed ADD, %d before", n, before)
+	}
+	kubenode.Eventually(t, 20*time.Second, "a Warning event on pod "+name, func() string {
+		var evs corev1.EventList
+		if err := cl.c.List(ctx, &evs, client.InNamespace(clientNS)); err != nil {
+			return err.Error()
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "missing") {
+				return ""
+			}
+			seen = append(seen, e.InvolvedObject.Name+": "+e.Reason)
+		}
+		return fmt.Sprintf("events %v", seen)
+	})
 }
 
 // readEgress waits for the Egress's Service (both ClusterIPs) and reads
