@@ -31,7 +31,10 @@ const (
 	nodeName   = "guest-node"
 	egressNS   = "egress-ns"
 	egressName = "nat"
-	clientNS   = "default"
+	// autoEgressName is an Egress with the same destinations whose
+	// tunnels pick their UDP source port per flow.
+	autoEgressName = "auto"
+	clientNS       = "default"
 	// serviceCIDRs is the API server's ClusterIP range, dual-stack.
 	serviceCIDRs = "10.0.0.0/24,fd00:10::/112"
 )
@@ -64,9 +67,9 @@ func guestModules() []string {
 
 // TestEgressCluster: the host half. It starts etcd, kube-apiserver (a
 // dual-stack ClusterIP range) and skein-controller, makes the pool, the
-// Node guest-node and the Egress egress-ns/nat to 192.0.2.0/24 and
-// 2001:db8:ff::/64, waits for the controller's Service to get its
-// ClusterIPs, and boots the guest, which runs TestEgressClusterInside
+// Node guest-node and the Egresses egress-ns/nat (FoU source port Fixed)
+// and egress-ns/auto (Auto) to 192.0.2.0/24 and 2001:db8:ff::/64, waits
+// for the controller's Services to get their ClusterIPs, and boots the guest, which runs TestEgressClusterInside
 // against the API server through a forwarded port.
 func TestEgressCluster(t *testing.T) {
 	if guest.InGuest() {
@@ -96,27 +99,33 @@ func TestEgressCluster(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
 		t.Fatalf("create namespace %s: %v", egressNS, err)
 	}
-	eg := &skeinv1.Egress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: egressName},
-		Spec: skeinv1.EgressSpec{
-			Destinations: []string{extDst4.String(), extDst6.String()},
-			Replicas:     ptr.To[int32](2),
-		},
-	}
-	if err := c.Create(ctx, eg); err != nil {
-		t.Fatalf("create Egress %s/%s: %v", egressNS, egressName, err)
-	}
-	var svc corev1.Service
-	kubenode.Eventually(t, kubenode.Wait, "the Egress's Service with an IPv4 and an IPv6 ClusterIP", func() string {
-		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: egressName}, &svc); err != nil {
-			return err.Error()
+	for name, port := range map[string]string{egressName: skeinv1.FoUSourcePortFixed, autoEgressName: skeinv1.FoUSourcePortAuto} {
+		eg := &skeinv1.Egress{
+			ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: name},
+			Spec: skeinv1.EgressSpec{
+				Destinations:  []string{extDst4.String(), extDst6.String()},
+				Replicas:      ptr.To[int32](2),
+				FoUSourcePort: port,
+			},
 		}
-		if len(svc.Spec.ClusterIPs) != 2 {
-			return "ClusterIPs " + strings.Join(svc.Spec.ClusterIPs, ",")
+		if err := c.Create(ctx, eg); err != nil {
+			t.Fatalf("create Egress %s/%s: %v", egressNS, name, err)
 		}
-		return ""
-	})
-	t.Logf("cluster ready in %v: Service %s/%s ClusterIPs %v", time.Since(start).Round(time.Millisecond), egressNS, egressName, svc.Spec.ClusterIPs)
+	}
+	for _, name := range []string{egressName, autoEgressName} {
+		var svc corev1.Service
+		kubenode.Eventually(t, kubenode.Wait, "the Service of Egress "+name+" with an IPv4 and an IPv6 ClusterIP", func() string {
+			if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: name}, &svc); err != nil {
+				return err.Error()
+			}
+			if len(svc.Spec.ClusterIPs) != 2 {
+				return "ClusterIPs " + strings.Join(svc.Spec.ClusterIPs, ",")
+			}
+			return ""
+		})
+		t.Logf("Service %s/%s: ClusterIPs %v", egressNS, name, svc.Spec.ClusterIPs)
+	}
+	t.Logf("cluster ready in %v", time.Since(start).Round(time.Millisecond))
 
 	bins := skeintest.Binaries(t)
 	files := map[string]string{guestKubeconfig: guestKubeconfigFile(t, kenv)}

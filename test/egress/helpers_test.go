@@ -217,18 +217,18 @@ func hostNAT(t *testing.T) {
 // family takes the same router and the test knows the failover moves
 // both.
 type proxy struct {
-	c          *nftables.Conn
-	table      *nftables.Table
-	cip4, cip6 netip.Addr
+	c     *nftables.Conn
+	table *nftables.Table
+	gws   []*gateway
 }
 
-func newProxy(t *testing.T, cip4, cip6 netip.Addr) *proxy {
+func newProxy(t *testing.T, gws ...*gateway) *proxy {
 	t.Helper()
 	c, err := nftables.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{c: c, cip4: cip4, cip6: cip6}
+	p := &proxy{c: c, gws: gws}
 	t.Cleanup(func() {
 		if p.table != nil {
 			c.DelTable(p.table)
@@ -238,10 +238,10 @@ func newProxy(t *testing.T, cip4, cip6 netip.Addr) *proxy {
 	return p
 }
 
-// set makes the Service's endpoints the routers' pods (the table is
+// sync makes each gateway Service's endpoints its routers (the table is
 // replaced in one transaction; conntrack keeps existing flows, as with
 // kube-proxy).
-func (p *proxy) set(t *testing.T, routers []*router) {
+func (p *proxy) sync(t *testing.T) {
 	t.Helper()
 	if p.table != nil {
 		p.c.DelTable(p.table)
@@ -249,37 +249,42 @@ func (p *proxy) set(t *testing.T, routers []*router) {
 	p.table = p.c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "skein-test-kubeproxy"})
 	chain := p.c.AddChain(&nftables.Chain{Name: "services", Table: p.table, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	for _, v6 := range []bool{false, true} {
-		cip, dt, proto, daddrOff := p.cip4, nftables.TypeIPAddr, unix.NFPROTO_IPV4, uint32(16)
-		if v6 {
-			cip, dt, proto, daddrOff = p.cip6, nftables.TypeIP6Addr, unix.NFPROTO_IPV6, 24
+	for _, gw := range p.gws {
+		if len(gw.endpoints) == 0 {
+			continue
 		}
-		m := &nftables.Set{Table: p.table, Name: fmt.Sprintf("endpoints-%d", map[bool]int{false: 4, true: 6}[v6]),
-			IsMap: true, KeyType: nftables.TypeInteger, DataType: dt}
-		var elems []nftables.SetElement
-		for i, r := range routers {
-			elems = append(elems, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: r.pod.Addr(v6).AsSlice()})
+		for _, v6 := range []bool{false, true} {
+			cip, dt, proto, daddrOff, fam := gw.cip4, nftables.TypeIPAddr, unix.NFPROTO_IPV4, uint32(16), 4
+			if v6 {
+				cip, dt, proto, daddrOff, fam = gw.cip6, nftables.TypeIP6Addr, unix.NFPROTO_IPV6, 24, 6
+			}
+			m := &nftables.Set{Table: p.table, Name: fmt.Sprintf("%s-endpoints-%d", gw.name, fam),
+				IsMap: true, KeyType: nftables.TypeInteger, DataType: dt}
+			var elems []nftables.SetElement
+			for i, r := range gw.endpoints {
+				elems = append(elems, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: r.pod.Addr(v6).AsSlice()})
+			}
+			if err := p.c.AddSet(m, elems); err != nil {
+				t.Fatal(err)
+			}
+			p.c.AddRule(&nftables.Rule{Table: p.table, Chain: chain, Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{byte(proto)}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: daddrOff, Len: uint32(cip.BitLen() / 8)},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: cip.AsSlice()},
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(egress.DefaultPort)},
+				&expr.Numgen{Register: 1, Modulus: uint32(len(gw.endpoints)), Type: unix.NFT_NG_INCREMENTAL},
+				&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: m.Name, SetID: m.ID},
+				&expr.Counter{},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(proto), RegAddrMin: 1},
+			}})
 		}
-		if err := p.c.AddSet(m, elems); err != nil {
-			t.Fatal(err)
-		}
-		p.c.AddRule(&nftables.Rule{Table: p.table, Chain: chain, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{byte(proto)}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: daddrOff, Len: uint32(cip.BitLen() / 8)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: cip.AsSlice()},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(egress.DefaultPort)},
-			&expr.Numgen{Register: 1, Modulus: uint32(len(routers)), Type: unix.NFT_NG_INCREMENTAL},
-			&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: m.Name, SetID: m.ID},
-			&expr.Counter{},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(proto), RegAddrMin: 1},
-		}})
 	}
 	if err := p.c.Flush(); err != nil {
-		t.Fatalf("kube-proxy emulation (endpoints %d routers): %v", len(routers), err)
+		t.Fatalf("kube-proxy emulation: %v", err)
 	}
 }
 
@@ -304,8 +309,9 @@ func flushConntrack(t *testing.T, r *router) {
 	}
 }
 
-// tunnelProblem checks the egress state in the pod's namespace: with want,
-// an egr4- and an egr6- tunnel to the Service's ClusterIPs (kube-proxy
+// tunnelProblem checks the egress state in the pod's namespace (a client
+// of the Egress nat): with want, an egr4- and an egr6- tunnel to the
+// Service's ClusterIPs (kube-proxy
 // DNATs them), FoU ports of both families, the seed's
 // policy rules (tables 117 and 118) and the destinations' routes in table
 // 117 through the tunnels; without, none of it. It returns what is wrong
@@ -366,7 +372,7 @@ func (cl *cluster) tunnelProblem(p *kubenode.Pod, want bool) string {
 		}
 		return strings.Join(problems, "; ")
 	}
-	for pre, cip := range map[string]netip.Addr{"egr4-": cl.cip4, "egr6-": cl.cip6} {
+	for pre, cip := range map[string]netip.Addr{"egr4-": cl.nat.cip4, "egr6-": cl.nat.cip6} {
 		var remote net.IP
 		switch l := tunnels[pre].(type) {
 		case nil:

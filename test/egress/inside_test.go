@@ -34,13 +34,22 @@ import (
 const routerMetricsPort = 9386
 
 // cluster is what the inner test works with: the API, the node's skeind,
-// the Egress's Service addresses and its router pods' labels.
+// the Egress gateways.
 type cluster struct {
 	c          client.Client
 	kubeconfig string
 	node       *kubenode.Node
+	nat, auto  *gateway
+}
+
+// gateway is an Egress as the node sees it: its Service's ClusterIPs, its
+// router pods' labels, and the routers the emulated kube-proxy sends the
+// Service to.
+type gateway struct {
+	name       string
 	cip4, cip6 netip.Addr
 	labels     map[string]string
+	endpoints  []*router
 }
 
 // TestEgressClusterInside: the guest half of TestEgressCluster (see
@@ -67,7 +76,7 @@ func TestEgressClusterInside(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := &cluster{c: c, kubeconfig: kc}
-	cl.readEgress(t)
+	cl.nat, cl.auto = cl.readEgress(t, egressName), cl.readEgress(t, autoEgressName)
 
 	// The node: forwarding on (skeind's --node-forwarding too), pods'
 	// traffic to the API server masqueraded out of the guest's NIC.
@@ -80,11 +89,12 @@ func TestEgressClusterInside(t *testing.T) {
 
 	// Two router pods with the Deployment's labels, each running
 	// skein-egress; kube-proxy's DNAT sends the Service to both.
-	ra := cl.startRouter(t, "nat-router-a")
-	rb := cl.startRouter(t, "nat-router-b")
+	ra := cl.startRouter(t, cl.nat, "nat-router-a")
+	rb := cl.startRouter(t, cl.nat, "nat-router-b")
 	routers := []*router{ra, rb}
-	proxy := newProxy(t, cl.cip4, cl.cip6)
-	proxy.set(t, routers)
+	proxy := newProxy(t, cl.nat, cl.auto)
+	cl.nat.endpoints = routers
+	proxy.sync(t)
 	t.Logf("routers %s (%v) and %s (%v) up in %v", ra.name, ra.pod.Addrs, rb.name, rb.pod.Addrs, time.Since(start).Round(time.Millisecond))
 
 	// The client pod, annotated for the Egress.
@@ -137,7 +147,8 @@ func TestEgressClusterInside(t *testing.T) {
 		if used == ra {
 			other = rb
 		}
-		proxy.set(t, []*router{other})
+		cl.nat.endpoints = []*router{other}
+		proxy.sync(t)
 		flushConntrack(t, used)
 		used.stop(t)
 		if err := cl.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: used.name}}); err != nil {
@@ -202,6 +213,54 @@ func TestEgressClusterInside(t *testing.T) {
 		cl.wantTunnels(t, cp, false)
 		wantOnlyKernelLinks(t, cp.NS, "the client's namespace after DEL")
 	})
+	t.Run("source port Auto: flows spread over the routers", func(t *testing.T) {
+		a1 := cl.startRouter(t, cl.auto, "auto-router-a")
+		a2 := cl.startRouter(t, cl.auto, "auto-router-b")
+		cl.auto.endpoints = []*router{a1, a2}
+		proxy.sync(t)
+		ap := cl.addPod(t, clientNS, "client-auto", nil, map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: autoEgressName})
+		autoBy := map[netip.Addr]*router{}
+		for _, r := range cl.auto.endpoints {
+			for _, a := range r.pod.Addrs {
+				autoBy[a] = r
+			}
+		}
+		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
+			for _, proto := range []string{"tcp", "udp"} {
+				src := eventuallySource(t, ap, proto, dst, 60*time.Second, func(src netip.Addr) string {
+					if autoBy[src] == nil {
+						return fmt.Sprintf("seen from %v, no address of the Egress %s's routers", src, autoEgressName)
+					}
+					return ""
+				})
+				t.Logf("%s to %v: the server saw %v, router %s", proto, dst, src, autoBy[src].name)
+			}
+		}
+		// Each connection is a flow of its own outside the tunnel (its
+		// own source port), so kube-proxy's DNAT picks a router for each:
+		// round-robin here, both routers carry some.
+		seen := map[string]int{}
+		for i := 0; i < 6; i++ {
+			src, err := echo(ap.NS, "tcp", ext.addr4)
+			if err != nil {
+				t.Errorf("connection %d: %v", i+1, err)
+				continue
+			}
+			r := autoBy[src]
+			if r == nil {
+				t.Errorf("connection %d: the server saw %v, no address of the Egress %s's routers", i+1, src, autoEgressName)
+				continue
+			}
+			seen[r.name]++
+		}
+		t.Logf("6 connections by router: %v", seen)
+		if len(seen) != 2 {
+			t.Errorf("6 connections through the Egress %s went through routers %v; want both (one flow each outside, spread by the DNAT)", autoEgressName, seen)
+		}
+		cl.wantRouterMetrics(t, a1, 1)
+		ext.wantNeverSaw(t, ap.Addrs...)
+	})
+
 	t.Run("a pod naming a missing Egress", func(t *testing.T) { cl.missingEgress(t) })
 	t.Logf("inner test done in %v", time.Since(start).Round(time.Millisecond))
 }
@@ -251,12 +310,13 @@ func (cl *cluster) missingEgress(t *testing.T) {
 	})
 }
 
-// readEgress waits for the Egress's Service (both ClusterIPs) and reads
-// the router pods' labels from its Deployment.
-func (cl *cluster) readEgress(t *testing.T) {
+// readEgress reads the Egress's Service (both ClusterIPs) and the router
+// pods' labels from its Deployment.
+func (cl *cluster) readEgress(t *testing.T, name string) *gateway {
 	t.Helper()
 	ctx := context.Background()
-	key := client.ObjectKey{Namespace: egressNS, Name: egressName}
+	key := client.ObjectKey{Namespace: egressNS, Name: name}
+	gw := &gateway{name: name}
 	var svc corev1.Service
 	if err := cl.c.Get(ctx, key, &svc); err != nil {
 		t.Fatalf("the Egress's Service: %v", err)
@@ -264,22 +324,23 @@ func (cl *cluster) readEgress(t *testing.T) {
 	for _, s := range svc.Spec.ClusterIPs {
 		a := netip.MustParseAddr(s)
 		if a.Is4() {
-			cl.cip4 = a
+			gw.cip4 = a
 		} else {
-			cl.cip6 = a
+			gw.cip6 = a
 		}
 	}
-	if !cl.cip4.IsValid() || !cl.cip6.IsValid() {
+	if !gw.cip4.IsValid() || !gw.cip6.IsValid() {
 		t.Fatalf("Service %s has ClusterIPs %v, want one per family", key, svc.Spec.ClusterIPs)
 	}
 	var dep appsv1.Deployment
 	if err := cl.c.Get(ctx, key, &dep); err != nil {
 		t.Fatalf("the Egress's Deployment: %v", err)
 	}
-	cl.labels = dep.Spec.Template.Labels
-	if len(cl.labels) == 0 {
+	gw.labels = dep.Spec.Template.Labels
+	if len(gw.labels) == 0 {
 		t.Fatalf("Deployment %s has a pod template without labels", key)
 	}
+	return gw
 }
 
 // addPod creates the Pod object (bound to the node), ADDs its namespace
@@ -339,12 +400,12 @@ type router struct {
 	done chan struct{}
 }
 
-// startRouter makes a router pod and runs skein-egress inside its
+// startRouter makes a router pod of gw and runs skein-egress inside its
 // namespace, as the Deployment's container would (the downward API's
 // POD_IPS, the Egress's name), and waits until it is ready.
-func (cl *cluster) startRouter(t *testing.T, name string) *router {
+func (cl *cluster) startRouter(t *testing.T, gw *gateway, name string) *router {
 	t.Helper()
-	p := cl.addPod(t, egressNS, name, cl.labels, nil)
+	p := cl.addPod(t, egressNS, name, gw.labels, nil)
 	r := &router{name: name, pod: p, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
 	logf, err := os.Create(r.log)
 	if err != nil {
@@ -356,7 +417,7 @@ func (cl *cluster) startRouter(t *testing.T, name string) *router {
 		ips = append(ips, a.String())
 	}
 	r.cmd = exec.Command(filepath.Join(os.Getenv("SKEIN_BIN_DIR"), "skein-egress"),
-		"--egress-name", egressName, "--egress-namespace", egressNS, "--kubeconfig", cl.kubeconfig,
+		"--egress-name", gw.name, "--egress-namespace", egressNS, "--kubeconfig", cl.kubeconfig,
 		"--metrics-addr", fmt.Sprintf(":%d", routerMetricsPort), "--log-level", "debug")
 	r.cmd.Env = append(os.Environ(), "POD_IPS="+strings.Join(ips, ","))
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
