@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -136,6 +139,10 @@ func TestEgressClusterInside(t *testing.T) {
 			}
 		}
 		cl.wantRouterMetrics(t, used, 1)
+		// The router's SNAT is in a table of its own.
+		if tables := nftTables(t, used.pod.NS); !slices.Contains(tables, "skein-egress") {
+			t.Errorf("router %s's namespace has nftables tables %v, want skein-egress among them", used.name, tables)
+		}
 	})
 	if used == nil {
 		t.FailNow()
@@ -157,7 +164,7 @@ func TestEgressClusterInside(t *testing.T) {
 		if err := used.pod.Del(t); err != nil {
 			t.Fatal(err)
 		}
-		wantOnlyKernelLinks(t, used.pod.NS, "the namespace of router "+used.name+" after skein-egress stopped and its DEL")
+		wantNothingLeft(t, used.pod.NS, "the namespace of router "+used.name+" after skein-egress stopped and its DEL")
 		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
 			for _, proto := range []string{"tcp", "udp"} {
 				src := eventuallySource(t, cp, proto, dst, 30*time.Second, func(src netip.Addr) string {
@@ -211,7 +218,7 @@ func TestEgressClusterInside(t *testing.T) {
 			t.Fatal(err)
 		}
 		cl.wantTunnels(t, cp, false)
-		wantOnlyKernelLinks(t, cp.NS, "the client's namespace after DEL")
+		wantNothingLeft(t, cp.NS, "the client's namespace after DEL")
 	})
 	t.Run("source port Auto: flows spread over the routers", func(t *testing.T) {
 		a1 := cl.startRouter(t, cl.auto, "auto-router-a")
@@ -290,7 +297,7 @@ func (cl *cluster) missingEgress(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("ADD of a pod naming a missing Egress: %v; want an error saying %q", err, want)
 	}
-	wantOnlyKernelLinks(t, ns, "the namespace of a pod whose ADD failed")
+	wantNothingLeft(t, ns, "the namespace of a pod whose ADD failed")
 	if n := len(cl.node.D.Attachments(t)); n != before {
 		t.Errorf("skeind holds %d attachments after the failed ADD, %d before", n, before)
 	}
@@ -525,10 +532,22 @@ func eventuallySource(t *testing.T, p *kubenode.Pod, proto string, dst netip.Add
 // namespace.
 var kernelLinks = []string{"ip6tnl0", "lo", "tunl0"}
 
-// wantOnlyKernelLinks fails t unless ns holds only kernelLinks.
-func wantOnlyKernelLinks(t *testing.T, ns *harness.NS, what string) {
+// wantNothingLeft fails t unless ns is as a new namespace: only
+// kernelLinks, only the default policy rules, no FoU port, no nftables
+// table.
+func wantNothingLeft(t *testing.T, ns *harness.NS, what string) {
 	t.Helper()
-	links, err := ns.Handle(t).LinkList()
+	var h *netlink.Handle
+	err := ns.Do(func() error {
+		var err error
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE, unix.NETLINK_GENERIC)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,4 +556,48 @@ func wantOnlyKernelLinks(t *testing.T, ns *harness.NS, what string) {
 			t.Errorf("%s holds link %s (%s); want only %v", what, l.Attrs().Name, l.Type(), kernelLinks)
 		}
 	}
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		rules, err := h.RuleList(fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			if r.Priority != 0 && r.Priority != 32766 && r.Priority != 32767 {
+				t.Errorf("%s holds rule pref %d lookup %d (family %d); want only the default rules", what, r.Priority, r.Table, fam)
+			}
+		}
+		fous, err := h.FouList(fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fous {
+			t.Errorf("%s holds FoU port %d (family %d)", what, f.Port, fam)
+		}
+	}
+	if tables := nftTables(t, ns); len(tables) > 0 {
+		t.Errorf("%s holds nftables tables %v", what, tables)
+	}
+}
+
+// nftTables lists the names of the nftables tables in ns.
+func nftTables(t *testing.T, ns *harness.NS) []string {
+	t.Helper()
+	f, err := os.Open(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatalf("list nftables tables in %s: %v", ns.Name(), err)
+	}
+	var names []string
+	for _, tb := range tables {
+		names = append(names, tb.Name)
+	}
+	return names
 }
