@@ -103,6 +103,10 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 	if err := s.d.choosePool(ctx, conf, req.Args); err != nil {
 		return nil, err
 	}
+	pod, hasPod, err := s.d.podRefOf(req.Args, req.ContainerId, req.Netns)
+	if err != nil {
+		return nil, err
+	}
 	a, ap, err := s.d.Attach(ctx, AttachRequest{
 		Key:    keyOf(conf, req),
 		Pool:   conf.Pool,
@@ -124,15 +128,25 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 		GatewayV4:    s.d.dpConfig.GatewayV4,
 		GatewayV6:    ap.GatewayV6,
 	})
+	var out []byte
 	if err == nil {
-		var out []byte
-		if out, err = cni.Encode(res, conf.CNIVersion); err == nil {
-			return out, nil
+		out, err = cni.Encode(res, conf.CNIVersion)
+	}
+	// The pod's own set-up (egress) once its interface is in place.
+	if err == nil && hasPod {
+		if err = s.d.cfg.PodHook.Added(ctx, pod); err != nil {
+			if e := (*types.Error)(nil); !errors.As(err, &e) {
+				err = types.NewError(types.ErrInternal, err.Error(), "")
+			}
 		}
 	}
-	// The result cannot be rendered: undo, so nothing is left behind.
+	if err == nil {
+		return out, nil
+	}
+	// The result cannot be rendered, or the pod's set-up failed: undo, so
+	// nothing is left behind.
 	if _, derr := s.d.Detach(context.WithoutCancel(ctx), a.AttachmentKey, req.Netns); derr != nil {
-		s.d.log.Error("undo ADD after result failure", "key", a.AttachmentKey, "err", derr)
+		s.d.log.Error("undo ADD after a failure", "key", a.AttachmentKey, "cause", err, "err", derr)
 	}
 	return nil, err
 }
@@ -189,7 +203,20 @@ func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
 	if nsPath != "" && netns.IsNetNS(nsPath) != nil {
 		nsPath = "" // gone: the host side is enough
 	}
-	if _, err := s.d.Detach(ctx, keyOf(conf, req), nsPath); err != nil {
+	detach := func() error {
+		_, err := s.d.Detach(ctx, keyOf(conf, req), nsPath)
+		return err
+	}
+	pod, hasPod, err := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
+	if err != nil {
+		return err
+	}
+	if hasPod {
+		err = s.d.cfg.PodHook.Deleting(ctx, pod, detach)
+	} else {
+		err = detach()
+	}
+	if err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
 	return nil

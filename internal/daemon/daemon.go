@@ -81,6 +81,9 @@ type Config struct {
 	// Kernel, if set, is used instead of a dataplane.Dataplane built from
 	// Dataplane; the daemon closes it. (Unit tests pass a fake.)
 	Kernel Kernel `json:"-"`
+	// PodHook, if set, runs on the CNI ADD and DEL of Kubernetes pods
+	// (egress tunnels in the Kubernetes mode). Nil: none.
+	PodHook PodHook `json:"-"`
 }
 
 // Defaults.
