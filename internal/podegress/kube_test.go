@@ -93,6 +93,8 @@ type node struct {
 	st     *kubestore.Store
 	d      *daemon.Daemon
 	rec    *recorder
+	pe     *podegress.Client
+	log    *slog.Logger
 	cni    rpc.CNIClient
 	name   string
 	logBuf *strings.Builder
@@ -141,12 +143,14 @@ func startNode(t *testing.T) *node {
 	}
 	t.Cleanup(events.Close)
 	log := slog.New(slog.NewTextHandler(&lockedWriter{w: n.logBuf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n.log = log
 	pe, err := podegress.New(ctx, podegress.Options{Config: env.Config, Node: n.name, Applier: n.rec, Events: events,
 		Attachments: n.st.ListAttachments, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pe.Close)
+	n.pe = pe
 	sock := filepath.Join(dir, "skeind.sock")
 	n.d, err = daemon.New(ctx, daemon.Config{Node: n.name, StateDir: dir, Socket: sock, MetricsAddr: "off",
 		Dataplane: dataplane.Config{NodeNetNS: n.ns.Path(), NodeForwarding: true}, Store: n.st, PodHook: pe, Logger: log})
@@ -515,5 +519,64 @@ func TestKubernetesPods(t *testing.T) {
 	}
 	if slices.ContainsFunc(n.rec.calls, func(a applied) bool { return a.netns == "" }) {
 		t.Error("Apply called without a namespace")
+	}
+
+	t.Run("restart", func(t *testing.T) {
+		// A pod attached by the previous Client, its addresses reported
+		// in its status (as the kubelet does from the ADD's result).
+		api := harness.NewNS(t, "pod")
+		n.createPod(t, "app", "api", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+		if err := n.add(t, cniReq("app", "api", api.Path())); err != nil {
+			t.Fatal(err)
+		}
+		n.setPodIPs(t, "app", "api", "ctr-api")
+		n.pe.Close()
+		calls := len(n.rec.of(api.Path()))
+		// A new Client (skeind restarted) finds the pod by its
+		// addresses, converges it, and follows its annotation.
+		pe, err := podegress.New(context.Background(), podegress.Options{Config: n.kube.Config, Node: n.name, Applier: n.rec,
+			Attachments: n.st.ListAttachments, Logger: n.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pe.Close()
+		kubenode.Eventually(t, 20*time.Second, "the new Client's first Apply", func() string {
+			if len(n.rec.of(api.Path())) == calls {
+				return "none"
+			}
+			return ""
+		})
+		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+		v := "nat2"
+		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+	})
+}
+
+// setPodIPs writes the addresses of container id's attachment as the
+// Pod's status.podIPs.
+func (n *node) setPodIPs(t *testing.T, ns, name, id string) {
+	t.Helper()
+	atts, err := n.st.ListAttachments(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{}
+	if err := n.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range atts {
+		if a.ContainerID == id {
+			for _, ip := range a.Addrs {
+				pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip.String()})
+			}
+		}
+	}
+	if len(pod.Status.PodIPs) == 0 {
+		t.Fatalf("no attachment of container %s", id)
+	}
+	pod.Status.PodIP = pod.Status.PodIPs[0].IP
+	if err := n.c.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
 	}
 }
