@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,7 +61,8 @@ const (
 // Applier converges a pod's network namespace (a path such as
 // /var/run/netns/x) to cfg: the zero config removes everything. It must
 // be idempotent and leave the namespace as it was on error
-// (egress.ApplyClient's contract). Called for one pod at a time.
+// (egress.ApplyClient's contract). Calls for one pod never overlap; calls
+// for different pods may.
 type Applier interface {
 	Apply(netnsPath string, cfg egress.ClientConfig) error
 }
@@ -159,9 +161,10 @@ func New(ctx context.Context, o Options) (_ *Client, err error) {
 		return nil, err
 	}
 	c, err := cache.New(o.Config, cache.Options{
-		Scheme: Scheme,
+		Scheme:           Scheme,
+		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:     {Field: fields.OneTermEqualSelector("spec.nodeName", o.Node)},
+			&corev1.Pod{}:     {Field: fields.OneTermEqualSelector("spec.nodeName", o.Node), Transform: slimPod},
 			&corev1.Service{}: {Label: labels.NewSelector().Add(*labelled)},
 		},
 	})
@@ -332,6 +335,29 @@ func (c *Client) apply(netnsPath string, cfg egress.ClientConfig) error {
 		return fmt.Errorf("apply %d gateway(s) in %s: %w", len(cfg.Gateways), netnsPath, err)
 	}
 	return nil
+}
+
+// slimPod keeps of a cached Pod what the Client reads: its identity (for
+// events), its egress annotations, hostNetwork and its addresses.
+func slimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Pod{}
+	slim.Namespace, slim.Name, slim.UID, slim.ResourceVersion = p.Namespace, p.Name, p.UID, p.ResourceVersion
+	slim.DeletionTimestamp = p.DeletionTimestamp
+	for k, v := range p.Annotations {
+		if strings.HasPrefix(k, skeinv1.AnnotationEgressPrefix) {
+			if slim.Annotations == nil {
+				slim.Annotations = map[string]string{}
+			}
+			slim.Annotations[k] = v
+		}
+	}
+	slim.Spec.NodeName, slim.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
+	slim.Status.PodIPs = p.Status.PodIPs
+	return slim, nil
 }
 
 func (c *Client) warn(pod *corev1.Pod, reason, msg string) {
