@@ -16,7 +16,8 @@ type PodHook interface {
 	// Added runs once the pod's interface and addresses are in place,
 	// before the ADD replies. An error fails the ADD: the daemon then
 	// tears the attachment down (the address is freed, the veth goes), so
-	// the hook must itself leave nothing of its own behind on error.
+	// the hook must itself leave nothing of its own behind on error. A
+	// *types.Error keeps its code; any other error is code 999.
 	Added(ctx context.Context, pod PodRef) error
 	// Deleting wraps a DEL: it undoes the hook's work in the pod (best
 	// effort: a namespace that is gone is skipped, a failure is logged,

@@ -519,6 +519,9 @@ func TestKubernetesPods(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "app/"+tc.pod) {
 				t.Fatalf("ADD = %v; want an error naming the pod and saying %q", err, tc.want)
 			}
+			if code := "code 11:"; tc.reason == podegress.ReasonEgressNotFound && !strings.HasPrefix(err.Error(), code) {
+				t.Errorf("ADD = %v; want %s (try again later: the gateway may appear)", err, code)
+			}
 			assertSameState(t, before, n.state(t, pod))
 			n.waitEvent(t, tc.pod, tc.reason, tc.want)
 			if calls := n.rec.of(pod.Path()); tc.applyErr == nil && len(calls) != 0 {

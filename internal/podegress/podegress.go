@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	cnitypes "github.com/containernetworking/cni/pkg/types"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
@@ -210,8 +211,9 @@ func (c *Client) Close() {
 // Added sets up the tunnels of a pod just attached: it reads the Pod
 // (cache, else the API), resolves every Egress it names and applies. A
 // gateway that cannot be resolved, or a failed Apply, is an error (with a
-// Warning event on the Pod) and leaves nothing in the namespace. A pod
-// naming no Egress, or without a Pod object, needs no Apply.
+// Warning event on the Pod) and leaves nothing in the namespace; an
+// unresolved gateway is CNI code 11 (try again later: it may appear). A
+// pod naming no Egress, or without a Pod object, needs no Apply.
 func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 	defer c.locks.Lock(key.String())()
@@ -226,9 +228,10 @@ func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 	}
 	cfg, problems := c.desired(ctx, pod)
 	if len(problems) > 0 {
-		err := fmt.Errorf("egress of pod %s: %w", key, errors.Join(problems...))
-		c.warn(pod, ReasonEgressNotFound, err.Error())
-		return err
+		// Code 11: the runtime retries, and the gateway may appear.
+		msg := fmt.Sprintf("egress of pod %s: %v", key, errors.Join(problems...))
+		c.warn(pod, ReasonEgressNotFound, msg)
+		return cnitypes.NewError(cnitypes.ErrTryAgainLater, msg, "")
 	}
 	if len(cfg.Gateways) > 0 {
 		if err := c.apply(ref.NetNS, cfg); err != nil {
