@@ -207,10 +207,8 @@ func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
 		_, err := s.d.Detach(ctx, keyOf(conf, req), nsPath)
 		return err
 	}
-	pod, hasPod, err := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
-	if err != nil {
-		return err
-	}
+	// A CNI_ARGS that does not parse names no pod: DEL goes on.
+	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
 	if hasPod {
 		err = s.d.cfg.PodHook.Deleting(ctx, pod, detach)
 	} else {

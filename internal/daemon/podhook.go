@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/skeinnet/skein/internal/cni"
 )
 
@@ -47,7 +45,7 @@ func (d *Daemon) podRefOf(cniArgs, containerID, netnsPath string) (PodRef, bool,
 	}
 	args, err := cni.ParseArgs(cniArgs)
 	if err != nil {
-		return PodRef{}, false, types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: "+err.Error(), "")
+		return PodRef{}, false, err // code 4, naming CNI_ARGS
 	}
 	ns, name := args["K8S_POD_NAMESPACE"], args["K8S_POD_NAME"]
 	if ns == "" || name == "" {

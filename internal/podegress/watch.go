@@ -3,6 +3,7 @@ package podegress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -26,7 +27,7 @@ import (
 func (c *Client) watch(ctx context.Context) error {
 	pods, err := c.cache.GetInformer(ctx, &corev1.Pod{})
 	if err != nil {
-		return err
+		return fmt.Errorf("egress: watch Pods: %w", err)
 	}
 	if _, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { c.queuePod(obj, false) },
@@ -43,7 +44,7 @@ func (c *Client) watch(ctx context.Context) error {
 	for _, obj := range []client.Object{&skeinv1.Egress{}, &corev1.Service{}} {
 		inf, err := c.cache.GetInformer(ctx, obj)
 		if err != nil {
-			return err
+			return fmt.Errorf("egress: watch %T (is the Egress CRD installed? skeind --egress=false does without): %w", obj, err)
 		}
 		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.queueUsers(obj) },
