@@ -103,10 +103,6 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 	if err := s.d.choosePool(ctx, conf, req.Args); err != nil {
 		return nil, err
 	}
-	pod, hasPod, err := s.d.podRefOf(req.Args, req.ContainerId, req.Netns)
-	if err != nil {
-		return nil, err
-	}
 	a, ap, err := s.d.Attach(ctx, AttachRequest{
 		Key:    keyOf(conf, req),
 		Pool:   conf.Pool,
@@ -133,12 +129,8 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 		out, err = cni.Encode(res, conf.CNIVersion)
 	}
 	// The pod's own set-up (egress) once its interface is in place.
-	if err == nil && hasPod {
-		if err = s.d.cfg.PodHook.Added(ctx, pod); err != nil {
-			if e := (*types.Error)(nil); !errors.As(err, &e) {
-				err = types.NewError(types.ErrInternal, err.Error(), "")
-			}
-		}
+	if err == nil {
+		err = s.podAdded(ctx, req)
 	}
 	if err == nil {
 		return out, nil

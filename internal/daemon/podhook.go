@@ -2,14 +2,19 @@ package daemon
 
 import (
 	"context"
+	"errors"
 
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/cni"
 )
 
 // PodHook is work a Kubernetes-mode feature does on a pod's CNI ADD and
 // DEL beyond its interface (egress tunnels: package internal/podegress).
-// Only requests naming the pod (K8S_POD_NAMESPACE and K8S_POD_NAME in
-// CNI_ARGS) reach it, and only on the CNI front door's pool mode.
+// Only CNI requests naming the pod (K8S_POD_NAMESPACE and K8S_POD_NAME in
+// CNI_ARGS) reach it, in the pool mode and the meta mode (pod networks)
+// alike.
 type PodHook interface {
 	// Added runs once the pod's interface and addresses are in place,
 	// before the ADD replies. An error fails the ADD: the daemon then
@@ -52,4 +57,20 @@ func (d *Daemon) podRefOf(cniArgs, containerID, netnsPath string) (PodRef, bool,
 		return PodRef{}, false, nil
 	}
 	return PodRef{Namespace: ns, Name: name, ContainerID: containerID, NetNS: netnsPath}, true, nil
+}
+
+// podAdded runs the pod hook of a successful ADD (nil when the request
+// names no pod); its error keeps a CNI code (999 unless it has one).
+func (s *cniServer) podAdded(ctx context.Context, req *rpc.CNIRequest) error {
+	pod, ok, err := s.d.podRefOf(req.Args, req.ContainerId, req.Netns)
+	if err != nil || !ok {
+		return err
+	}
+	if err := s.d.cfg.PodHook.Added(ctx, pod); err != nil {
+		if e := (*types.Error)(nil); errors.As(err, &e) {
+			return e
+		}
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,7 +43,7 @@ func (h *fakeHook) Deleting(_ context.Context, p PodRef, detach func() error) er
 // TestPodHook: the hook sees ADD and DEL of requests naming a Kubernetes
 // pod (only those), after the interface exists and around the teardown;
 // a failing hook fails the ADD, which then leaves nothing: no link, no
-// record, no address held.
+// record, no address held. In the pool mode and the meta mode alike.
 func TestPodHook(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: a pinned network namespace for CNI_NETNS")
@@ -52,11 +53,26 @@ func TestPodHook(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { netns.Remove(pod) })
-	h := &fakeHook{}
-	n := newTestNode(t, Config{PodHook: h})
-	h.kernel = n.kernel
-	srv := &cniServer{d: n.d}
-	conf := []byte(`{"cniVersion":"1.1.0","name":"net","type":"skein","pool":"p"}`)
+	for _, mode := range []struct {
+		name string
+		conf string
+		cfg  Config
+	}{
+		{"pool", `{"cniVersion":"1.1.0","name":"net","type":"skein","pool":"p"}`, Config{}},
+		{"pod networks", `{"cniVersion":"1.1.0","name":"net","type":"skein","podNetworks":true}`,
+			Config{PodNetworks: json.RawMessage(`[{"name":"pn","type":"skein","pool":"p","containerInterface":"eth0","default":true}]`)}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			h := &fakeHook{}
+			mode.cfg.PodHook = h
+			n := newTestNode(t, mode.cfg)
+			h.kernel = n.kernel
+			testPodHook(t, n, h, &cniServer{d: n.d}, []byte(mode.conf), pod)
+		})
+	}
+}
+
+func testPodHook(t *testing.T, n *testNode, h *fakeHook, srv *cniServer, conf []byte, pod string) {
 	args := "K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=web"
 	ctx := context.Background()
 
@@ -84,6 +100,9 @@ func TestPodHook(t *testing.T) {
 	}
 	if n.used("p") != 0 || len(n.records()) != 0 || len(n.kernel.linkNames()) != 0 {
 		t.Fatalf("a failed ADD left something: used %d, records %+v, links %v", n.used("p"), n.records(), n.kernel.linkNames())
+	}
+	if recs, err := n.d.pods.List(ctx); err != nil || len(recs) != 0 {
+		t.Fatalf("a failed ADD left pod records: %+v %v", recs, err)
 	}
 
 	// A succeeding hook: attached; DEL runs the teardown inside the hook.
