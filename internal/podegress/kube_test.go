@@ -47,6 +47,10 @@ type recorder struct {
 	mu           sync.Mutex
 	calls        []applied
 	err, zeroErr error
+	// hold, if set, is called (unlocked) before a call in netns
+	// holdNetNS returns.
+	hold      func()
+	holdNetNS string
 }
 
 type applied struct {
@@ -55,6 +59,15 @@ type applied struct {
 }
 
 func (r *recorder) Apply(netnsPath string, cfg egress.ClientConfig) error {
+	r.mu.Lock()
+	hold := r.hold
+	if netnsPath != r.holdNetNS {
+		hold = nil
+	}
+	r.mu.Unlock()
+	if hold != nil {
+		hold()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, applied{netnsPath, cfg})
@@ -541,6 +554,46 @@ func TestKubernetesPods(t *testing.T) {
 		t.Error("Apply called without a namespace")
 	}
 
+	t.Run("re-apply and DEL serialised", func(t *testing.T) {
+		// A re-apply held inside the data plane: the pod's DEL waits for
+		// it, and its zero config comes after.
+		ser := harness.NewNS(t, "pod")
+		n.createPod(t, "app", "ser", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+		if err := n.add(t, cniReq("app", "ser", ser.Path())); err != nil {
+			t.Fatal(err)
+		}
+		entered, release := make(chan struct{}), make(chan struct{})
+		n.rec.mu.Lock()
+		n.rec.hold, n.rec.holdNetNS = func() { close(entered); <-release }, ser.Path()
+		n.rec.mu.Unlock()
+		v := "nat2"
+		n.annotate(t, "app", "ser", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		select {
+		case <-entered:
+		case <-time.After(20 * time.Second):
+			t.Fatal("no re-apply after the annotation changed")
+		}
+		n.rec.mu.Lock()
+		n.rec.hold = nil
+		n.rec.mu.Unlock()
+		deleted := make(chan error, 1)
+		go func() { deleted <- n.del(t, cniReq("app", "ser", ser.Path())) }()
+		select {
+		case err := <-deleted:
+			close(release)
+			t.Fatalf("DEL returned (%v) while a re-apply of the pod was running", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		close(release)
+		if err := <-deleted; err != nil {
+			t.Fatal(err)
+		}
+		calls := n.rec.of(ser.Path())
+		want := []egress.ClientConfig{{Gateways: []egress.Gateway{natGW}}, {Gateways: []egress.Gateway{nat2GW}}, {}}
+		if !reflect.DeepEqual(calls, want) {
+			t.Fatalf("Apply calls %+v, want ADD's, the re-apply's, then DEL's zero config: %+v", calls, want)
+		}
+	})
 	t.Run("cost on ADD", func(t *testing.T) {
 		// What the hook adds to an ADD besides the data plane's own work
 		// (the recorder's is nil): cache reads and the resolution.
