@@ -82,7 +82,8 @@ type Config struct {
 	// Dataplane; the daemon closes it. (Unit tests pass a fake.)
 	Kernel Kernel `json:"-"`
 	// PodHook, if set, runs on the CNI ADD and DEL of Kubernetes pods
-	// (egress tunnels in the Kubernetes mode). Nil: none.
+	// (egress tunnels in the Kubernetes mode); its metrics (when it has
+	// Collectors) are served with the daemon's. Nil: none.
 	PodHook PodHook `json:"-"`
 }
 
@@ -160,6 +161,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	d.st = st
 	d.metrics.registerStore(st)
 	d.metrics.registerStore(cfg.Routes)
+	d.metrics.registerStore(cfg.PodHook)
 	defer func() {
 		if err != nil {
 			st.Close()

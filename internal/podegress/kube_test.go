@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -424,6 +425,10 @@ func TestKubernetesPods(t *testing.T) {
 	nat2GW := gateway("nat2", nat2IPs, false, "198.51.100.0/24")
 	if got := n.rec.of(web.Path()); len(got) != 1 || !reflect.DeepEqual(got[0], egress.ClientConfig{Gateways: []egress.Gateway{natGW}}) {
 		t.Fatalf("Apply calls of ADD: %+v; want one with %+v", got, natGW)
+	}
+	if m := n.pe.Collectors(); testutil.ToFloat64(m[1]) != 1 || testutil.CollectAndCount(m[0], "skein_egress_apply_seconds") != 1 {
+		t.Errorf("metrics after one pod with tunnels and one without: skein_egress_pods %v, apply series %d; want 1 and 1 (ok)",
+			testutil.ToFloat64(m[1]), testutil.CollectAndCount(m[0]))
 	}
 
 	t.Run("annotation change", func(t *testing.T) {

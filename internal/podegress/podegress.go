@@ -116,6 +116,7 @@ type Client struct {
 
 	mu   sync.Mutex
 	pods map[types.NamespacedName]*podState
+	m    *metrics
 }
 
 // podState is what the Client knows of one pod attached on this node.
@@ -128,6 +129,8 @@ type podState struct {
 	known   bool
 	// problem is the last Warning recorded, not repeated while it stays.
 	problem string
+	// gateways is len(applied.Gateways), guarded by Client.mu (metrics).
+	gateways int
 }
 
 var _ daemon.PodHook = (*Client)(nil)
@@ -180,6 +183,7 @@ func New(ctx context.Context, o Options) (_ *Client, err error) {
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "egress-pods"}),
 		pods: map[types.NamespacedName]*podState{},
 	}
+	cl.m = newMetrics(cl)
 	defer func() {
 		if err != nil {
 			stop()
@@ -239,7 +243,7 @@ func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 			c.warn(pod, ReasonEgressFailed, err.Error())
 			return err
 		}
-		st.applied = cfg
+		st.applied, st.gateways = cfg, len(cfg.Gateways)
 	}
 	c.remember(key, st)
 	return nil
@@ -333,6 +337,7 @@ func (c *Client) desired(ctx context.Context, pod *corev1.Pod) (cfg egress.Clien
 func (c *Client) apply(netnsPath string, cfg egress.ClientConfig) error {
 	start := time.Now()
 	err := c.o.Applier.Apply(netnsPath, cfg)
+	c.m.observe(time.Since(start), err)
 	c.log.Debug("egress: applied", "netns", netnsPath, "gateways", len(cfg.Gateways), "took", time.Since(start), "err", err)
 	if err != nil {
 		return fmt.Errorf("apply %d gateway(s) in %s: %w", len(cfg.Gateways), netnsPath, err)

@@ -177,7 +177,9 @@ func (c *Client) sync(ctx context.Context, key types.NamespacedName) error {
 		c.warn(pod, ReasonEgressFailed, "egress of pod "+key.String()+": "+err.Error())
 		return err
 	}
-	st.applied, st.known = cfg, true
+	c.mu.Lock()
+	st.applied, st.known, st.gateways = cfg, true, len(cfg.Gateways)
+	c.mu.Unlock()
 	return nil
 }
 

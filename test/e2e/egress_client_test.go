@@ -16,7 +16,9 @@ import (
 
 // TestKubeEgressAddFails: the real skeind binary, with its real egress
 // data plane, cannot give a pod its tunnel on this host (its kernel has no
-// fou, ipip or ip6tnl; the data plane itself is tested in a qemu guest):
+// fou, ipip or ip6tnl; the data plane itself is tested in a qemu guest;
+// until skeind's applyEgress calls egress.ApplyClient, the error is that
+// the data plane is not built in):
 // the ADD of a pod naming an Egress fails with an error naming the pod,
 // and leaves nothing: the node's links, routes and rules, the pod
 // namespace, the attachments and the addresses are as before. A pod
@@ -64,6 +66,9 @@ func TestKubeEgressAddFails(t *testing.T) {
 	}
 	t.Logf("ADD failed as it should: %v", err)
 	harness.AssertSame(t, before, n.D.NodeState(t))
+	if v := n.Sample(t, `skein_egress_apply_seconds_count{result="error"}`); v != "1" {
+		t.Errorf("skein_egress_apply_seconds_count{result=\"error\"} = %q, want 1", v)
+	}
 	if got := len(n.D.Attachments(t)); got != atts {
 		t.Errorf("attachments: %d before the failed ADD, %d after", atts, got)
 	}
