@@ -227,8 +227,8 @@ func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 		c.remember(key, st) // not a Kubernetes pod after all: nothing to do
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("egress of pod %s: read the Pod: %w", key, err)
+	if err != nil { // the API unreachable: transient too
+		return cnitypes.NewError(cnitypes.ErrTryAgainLater, fmt.Sprintf("egress of pod %s: read the Pod: %v", key, err), "")
 	}
 	cfg, problems := c.desired(ctx, pod)
 	if len(problems) > 0 {
