@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -31,6 +32,7 @@ const DefaultEgressImage = "skein:dev"
 const (
 	ReasonEgressDeploymentFailed = "DeploymentFailed"
 	ReasonEgressServiceFailed    = "ServiceFailed"
+	ReasonEgressAccessFailed     = "AccessFailed"
 )
 
 // EgressReconciler runs each Egress as a Deployment of router pods and a
@@ -39,6 +41,10 @@ const (
 // Egress's status (what the scale subresource reads).
 type EgressReconciler struct {
 	Client client.Client
+	// Reader reads what the controller does not cache (the router pods'
+	// ServiceAccount and ClusterRoleBinding, so that it needs no list or
+	// watch of every account and binding); nil means Client.
+	Reader client.Reader
 	Scheme *runtime.Scheme
 	// Recorder reports errors as events on the Egress; nil records none.
 	Recorder events.EventRecorder
@@ -72,12 +78,22 @@ func EgressSelector(eg *skeinv1.Egress) map[string]string {
 func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	eg := &skeinv1.Egress{}
 	if err := r.Client.Get(ctx, req.NamespacedName, eg); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		// Gone: its routers' account may have been its namespace's last.
+		return ctrl.Result{}, r.syncAccess(ctx, req.Namespace)
 	}
 	if !eg.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil // the garbage collector removes what it owns
+		// The garbage collector removes what it owns.
+		return ctrl.Result{}, r.syncAccess(ctx, req.Namespace)
 	}
 	eg = eg.DeepCopy()
+
+	if err := r.syncAccess(ctx, eg.Namespace); err != nil {
+		r.event(eg, ReasonEgressAccessFailed, "%v", err)
+		return requeueOnConflict(err, "router access of egress %s/%s", eg.Namespace, eg.Name)
+	}
 
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
 	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
@@ -174,9 +190,12 @@ func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpe
 		Ports: []corev1.ContainerPort{{
 			Name: "fou", ContainerPort: skeinv1.EgressFoUPort, Protocol: corev1.ProtocolUDP,
 		}},
-		SecurityContext: &corev1.SecurityContext{
-			Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}},
-		},
+		Env:             egressEnv(),
+		SecurityContext: egressSecurityContext(),
+		ReadinessProbe:  egressReadiness(),
+	}
+	if t.Spec.ServiceAccountName == "" {
+		t.Spec.ServiceAccountName = EgressServiceAccount
 	}
 	merged := false
 	for i := range t.Spec.Containers {
@@ -200,6 +219,10 @@ func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpe
 		if c.SecurityContext == nil {
 			c.SecurityContext = base.SecurityContext
 		}
+		if c.ReadinessProbe == nil {
+			c.ReadinessProbe = base.ReadinessProbe
+		}
+		c.Env = mergeEnv(base.Env, c.Env)
 	}
 	if !merged {
 		t.Spec.Containers = append([]corev1.Container{base}, t.Spec.Containers...)
