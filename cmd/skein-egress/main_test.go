@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/internal/egress/router"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
@@ -305,4 +307,27 @@ func TestBinaryWithoutFoU(t *testing.T) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// The controller's router pods run this command: its arguments parse, and
+// its readiness probe reaches the default --metrics-addr.
+func TestControllerPodAgrees(t *testing.T) {
+	eg := &skeinv1.Egress{ObjectMeta: metav1.ObjectMeta{Namespace: "gw", Name: "nat"}}
+	r := &controller.EgressReconciler{}
+	tmpl := r.PodTemplate(eg)
+	ctr := tmpl.Spec.Containers[0]
+	cmd := newCommand()
+	if err := cmd.ParseFlags(ctr.Args); err != nil {
+		t.Fatalf("the controller's args %q: %v", ctr.Args, err)
+	}
+	if got := cmd.Flags().Lookup("egress-name").Value.String(); got != "nat" {
+		t.Errorf("--egress-name %q", got)
+	}
+	def := cmd.Flags().Lookup("metrics-addr").DefValue
+	if want := ":" + strconv.Itoa(ctr.ReadinessProbe.HTTPGet.Port.IntValue()); def != want {
+		t.Errorf("--metrics-addr defaults to %q, the controller probes %q", def, want)
+	}
+	if ctr.Command[0] != "skein-egress" {
+		t.Errorf("the controller runs %q", ctr.Command)
+	}
 }

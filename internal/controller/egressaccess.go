@@ -232,3 +232,9 @@ func egressReadiness() *corev1.Probe {
 		PeriodSeconds: 5,
 	}
 }
+
+// PodTemplate is the router pod template the controller writes for eg
+// (for skein-egress's test that its command line agrees).
+func (r *EgressReconciler) PodTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
+	return r.podTemplate(eg)
+}
