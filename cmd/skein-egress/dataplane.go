@@ -11,29 +11,33 @@ import (
 	"github.com/skeinnet/skein/internal/netns"
 )
 
-// openDataplane sets the router's sysctls and opens internal/egress's
-// Router in the configured namespace.
-func openDataplane(cfg router.DataplaneConfig) (router.Dataplane, error) {
-	if err := router.EnableForwarding(cfg.NetNS, cfg.Local4.IsValid(), cfg.Local6.IsValid()); err != nil {
-		return nil, err
-	}
-	return newRouter(cfg)
-}
-
 // errNoDataplane: this build has no data plane library to open.
 var errNoDataplane = errors.New("the egress data plane (internal/egress.NewRouter) is not built into this skein-egress")
 
-// newRouter opens the data plane library's Router.
+// openDataplane opens internal/egress's Router in the configured
+// namespace (it also sets the sysctls a router needs there: forwarding
+// on, rp_filter off).
 //
 // The library (internal/egress: NewRouter, RouterConfig, RouterStats) is
-// written on another branch; until it is merged this refuses. Wiring it:
+// written on another branch; until it is merged this refuses. Wiring it
+// (DataplaneConfig has RouterConfig's fields, so one converts):
 //
 //	r, err := egress.NewRouter(egress.RouterConfig(cfg))
-//	if err != nil { return nil, err }
+//	if err != nil {
+//		return nil, err
+//	}
 //	return routerAdapter{r}, nil
 //
-// with routerAdapter converting egress.RouterStats to router.Stats.
-func newRouter(cfg router.DataplaneConfig) (router.Dataplane, error) {
+// with
+//
+//	type routerAdapter struct{ *egress.Router }
+//
+//	func (a routerAdapter) Stats() (router.Stats, error) {
+//		s, err := a.Router.Stats()
+//		return router.Stats{Tunnels: s.Tunnels, Peers: s.Peers, ConntrackEntries: s.ConntrackEntries,
+//			Packets: s.Packets, Bytes: s.Bytes, NATConnections: s.NATConnections}, err
+//	}
+func openDataplane(cfg router.DataplaneConfig) (router.Dataplane, error) {
 	return nil, errNoDataplane
 }
 

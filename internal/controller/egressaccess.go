@@ -209,12 +209,9 @@ func mergeEnv(base, over []corev1.EnvVar) []corev1.EnvVar {
 // egressSecurityContext: skein-egress programs its pod's network
 // namespace (tunnels, FoU ports, routes, nftables: NET_ADMIN) and sets
 // net.ipv4.ip_forward, rp_filter and IPv6 forwarding there. Container
-// runtimes mount /proc/sys read-only unless privileged, and a kubelet
-// refuses those sysctls in a pod's securityContext.sysctls unless allowed
-// as unsafe on every node; so the router runs privileged. A cluster that
-// allows them may override the securityContext in spec.template and set
-// the sysctls in the pod's: skein-egress writes a sysctl only when its
-// value is not already right.
+// runtimes mount /proc/sys read-only unless the container is privileged,
+// and a kubelet refuses those sysctls in a pod's securityContext.sysctls
+// unless each node allows them as unsafe; so the router runs privileged.
 func egressSecurityContext() *corev1.SecurityContext {
 	return &corev1.SecurityContext{
 		Privileged:   ptr.To(true),

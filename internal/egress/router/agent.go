@@ -29,7 +29,8 @@ type Stats struct {
 	Tunnels          int    // tunnel devices to clients
 	Peers            int    // client addresses synced
 	ConntrackEntries int    // NAT connections tracked
-	Packets, Bytes   uint64 // SNAT'd by the router's nftables rules
+	Packets, Bytes   uint64 // forwarded between tunnels and outside (nftables counters)
+	NATConnections   uint64 // connections masqueraded
 }
 
 // Dataplane is the router side of the data plane, as internal/egress's

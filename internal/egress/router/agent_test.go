@@ -368,10 +368,11 @@ func TestPeersFollowPods(t *testing.T) {
 	})
 	dp := r.op.current()
 	dp.mu.Lock()
-	dp.stats.Packets, dp.stats.Bytes, dp.stats.ConntrackEntries = 12, 3400, 5
+	dp.stats.Packets, dp.stats.Bytes, dp.stats.ConntrackEntries, dp.stats.NATConnections = 12, 3400, 5, 2
 	dp.mu.Unlock()
-	if p, by, ct := r.metric(t, "skein_egress_packets_total"), r.metric(t, "skein_egress_bytes_total"), r.metric(t, "skein_egress_conntrack_entries"); p != "12" || by != "3400" || ct != "5" {
-		t.Errorf("packets %q bytes %q conntrack %q, want the data plane's 12, 3400, 5 at scrape time", p, by, ct)
+	if p, by, ct, nat := r.metric(t, "skein_egress_packets_total"), r.metric(t, "skein_egress_bytes_total"),
+		r.metric(t, "skein_egress_conntrack_entries"), r.metric(t, "skein_egress_nat_connections_total"); p != "12" || by != "3400" || ct != "5" || nat != "2" {
+		t.Errorf("packets %q bytes %q conntrack %q nat %q, want the data plane's 12, 3400, 5, 2 at scrape time", p, by, ct, nat)
 	}
 }
 

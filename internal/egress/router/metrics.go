@@ -18,8 +18,9 @@ var (
 	tunnelsDesc   = prometheus.NewDesc("skein_egress_tunnels", "Tunnel devices to client pods in the router.", nil, nil)
 	peersDesc     = prometheus.NewDesc("skein_egress_peers", "Client addresses the data plane was last synced with.", nil, nil)
 	conntrackDesc = prometheus.NewDesc("skein_egress_conntrack_entries", "Connections the router's kernel tracks (NAT state).", nil, nil)
-	packetsDesc   = prometheus.NewDesc("skein_egress_packets_total", "Packets SNAT'd by the router (its nftables counters).", nil, nil)
-	bytesDesc     = prometheus.NewDesc("skein_egress_bytes_total", "Bytes SNAT'd by the router (its nftables counters).", nil, nil)
+	packetsDesc   = prometheus.NewDesc("skein_egress_packets_total", "Packets the router forwarded between its tunnels and the outside, both ways (its nftables counters).", nil, nil)
+	bytesDesc     = prometheus.NewDesc("skein_egress_bytes_total", "Bytes the router forwarded between its tunnels and the outside, both ways (its nftables counters).", nil, nil)
+	natDesc       = prometheus.NewDesc("skein_egress_nat_connections_total", "Connections the router masqueraded.", nil, nil)
 )
 
 func newMetrics(a *Agent) *metrics {
@@ -39,7 +40,7 @@ func newMetrics(a *Agent) *metrics {
 type collector struct{ a *Agent }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{clientsDesc, tunnelsDesc, peersDesc, conntrackDesc, packetsDesc, bytesDesc} {
+	for _, d := range []*prometheus.Desc{clientsDesc, tunnelsDesc, peersDesc, conntrackDesc, packetsDesc, bytesDesc, natDesc} {
 		ch <- d
 	}
 }
@@ -67,6 +68,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(conntrackDesc, prometheus.GaugeValue, float64(st.ConntrackEntries))
 	ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(st.Packets))
 	ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(natDesc, prometheus.CounterValue, float64(st.NATConnections))
 }
 
 // Handler serves /metrics, /healthz (the process answers) and /readyz
