@@ -290,6 +290,7 @@ func TestBinaryWithoutFoU(t *testing.T) {
 		t.Errorf("skein-egress crashed:\n%s", msg)
 	}
 	last := lastLine(msg)
+	t.Logf("skein-egress exited with status 1: %s", last)
 	if !strings.HasPrefix(last, "skein-egress: ") {
 		t.Errorf("last line %q: want the error, prefixed skein-egress:", last)
 	}
