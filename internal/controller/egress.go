@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -90,25 +91,32 @@ func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	eg = eg.DeepCopy()
 
-	if err := r.syncAccess(ctx, eg.Namespace); err != nil {
-		r.event(eg, ReasonEgressAccessFailed, "%v", err)
-		return requeueOnConflict(err, "router access of egress %s/%s", eg.Namespace, eg.Name)
-	}
-
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
-	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
-		return r.mutateDeployment(eg, dep)
-	}); err != nil {
-		r.event(eg, ReasonEgressDeploymentFailed, "write Deployment %s: %v", eg.Name, err)
-		return requeueOnConflict(err, "write Deployment of egress %s/%s", eg.Namespace, eg.Name)
-	}
-
+	// Each part is written even when another fails: the Service is what
+	// clients resolve and does not need the router pods (a Deployment the
+	// API server refuses, say privileged pods not allowed, must not leave
+	// clients without it); the routers' account is made before their
+	// Deployment, whose pods need it.
+	var errs []error
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
 	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, svc, func() error {
 		return r.mutateService(eg, svc)
 	}); err != nil {
 		r.event(eg, ReasonEgressServiceFailed, "write Service %s: %v", eg.Name, err)
-		return requeueOnConflict(err, "write Service of egress %s/%s", eg.Namespace, eg.Name)
+		errs = append(errs, fmt.Errorf("write Service: %w", err))
+	}
+	if err := r.syncAccess(ctx, eg.Namespace); err != nil {
+		r.event(eg, ReasonEgressAccessFailed, "%v", err)
+		errs = append(errs, err)
+	}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
+		return r.mutateDeployment(eg, dep)
+	}); err != nil {
+		r.event(eg, ReasonEgressDeploymentFailed, "write Deployment %s: %v", eg.Name, err)
+		errs = append(errs, fmt.Errorf("write Deployment: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return requeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
 	}
 
 	st := skeinv1.EgressStatus{

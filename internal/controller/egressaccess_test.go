@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/kube"
 )
 
 // envFieldPath is the downward API field of ctr's variable name, or "".
@@ -245,4 +248,46 @@ func TestEgressServiceAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "no Egress left", state(map[string][]string{"second": nil}, nil))
+}
+
+// An API server that refuses privileged pods refuses the router
+// Deployment (an event says so), but the Service, which clients resolve,
+// and the routers' account are made all the same.
+func TestEgressServiceWithoutRouters(t *testing.T) {
+	env := kube.Start(t, kube.Options{}) // --allow-privileged=false
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, Options{})
+	eg := newEgress("noroute", "0.0.0.0/0")
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "service, account and a refused deployment", func() string {
+		svc := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "noroute"}, svc); err != nil {
+			return "service: " + err.Error()
+		}
+		if _, err := getSA(c, egressNS); err != nil {
+			return "account: " + err.Error()
+		}
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(egressNS)); err != nil {
+			return err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.UID == eg.UID && e.Reason == ReasonEgressDeploymentFailed && strings.Contains(e.Note, "privileged") {
+				return ""
+			}
+		}
+		return fmt.Sprintf("no DeploymentFailed event naming privileged among %d", len(evs.Items))
+	})
+	if _, msg := getDeployment(t, c, "noroute"); msg == "" {
+		t.Error("a privileged deployment was made where the API server refuses them")
+	}
 }
