@@ -297,24 +297,20 @@ func TestEgressTemplateRollsOut(t *testing.T) {
 
 	// Change the template: drop the annotation, override the router's
 	// image and resources, add a sidecar, set a strategy.
-	if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
-		t.Fatal(err)
-	}
-	eg.Spec.Template = &skeinv1.EgressPodTemplate{
-		Metadata: skeinv1.EgressPodMetadata{Labels: map[string]string{"team": "net"}},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{
-				{Name: "egress", Image: "registry.example/egress:v2", Env: []corev1.EnvVar{{Name: "X", Value: "y"}}},
-				{Name: "sidecar", Image: "registry.example/sidecar:v1"},
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
+		eg.Spec.Template = &skeinv1.EgressPodTemplate{
+			Metadata: skeinv1.EgressPodMetadata{Labels: map[string]string{"team": "net"}},
+			Spec: corev1.PodSpec{
+				Containers: []corev1.Container{
+					{Name: "egress", Image: "registry.example/egress:v2", Env: []corev1.EnvVar{{Name: "X", Value: "y"}}},
+					{Name: "sidecar", Image: "registry.example/sidecar:v1"},
+				},
+				NodeSelector: map[string]string{"egress": "true"},
 			},
-			NodeSelector: map[string]string{"egress": "true"},
-		},
-	}
-	eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	eg.Spec.SessionAffinity = corev1.ServiceAffinityNone
-	if err := c.Update(ctx, eg); err != nil {
-		t.Fatal(err)
-	}
+		}
+		eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+		eg.Spec.SessionAffinity = corev1.ServiceAffinityNone
+	})
 	eventually(t, "new template", func() string {
 		dep, msg := getDeployment(t, c, "tmpl")
 		if msg != "" {

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -66,22 +67,9 @@ func TestEgressRouterPod(t *testing.T) {
 	}
 
 	// Overrides win; what they leave out keeps its default.
-	if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
-		t.Fatal(err)
-	}
-	eg.Spec.Template = &skeinv1.EgressPodTemplate{Spec: corev1.PodSpec{
-		ServiceAccountName: "custom",
-		Containers: []corev1.Container{{
-			Name:            skeinv1.EgressContainerName,
-			Env:             []corev1.EnvVar{{Name: "POD_IP", Value: "192.0.2.9"}},
-			ReadinessProbe:  &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/other", Port: intstr.FromInt32(9999)}}},
-			SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}},
-		}},
-		SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
-	}}
-	if err := c.Update(ctx, eg); err != nil {
-		t.Fatal(err)
-	}
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
+		eg.Spec.Template = egressOverrides()
+	})
 	eventually(t, "overridden pod", func() string {
 		d, msg := getDeployment(t, c, "pod")
 		if msg != "" {
@@ -112,6 +100,35 @@ func TestEgressRouterPod(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+func egressOverrides() *skeinv1.EgressPodTemplate {
+	return &skeinv1.EgressPodTemplate{Spec: corev1.PodSpec{
+		ServiceAccountName: "custom",
+		Containers: []corev1.Container{{
+			Name:            skeinv1.EgressContainerName,
+			Env:             []corev1.EnvVar{{Name: "POD_IP", Value: "192.0.2.9"}},
+			ReadinessProbe:  &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/other", Port: intstr.FromInt32(9999)}}},
+			SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}},
+		}},
+		SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
+	}}
+}
+
+// updateEgress applies mutate to the latest eg and writes it, again on a
+// conflict (the controller writes its status meanwhile).
+func updateEgress(t *testing.T, c client.Client, eg *skeinv1.Egress, mutate func(*skeinv1.Egress)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(eg), eg); err != nil {
+			return err
+		}
+		mutate(eg)
+		return c.Update(context.Background(), eg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func getSA(c client.Client, ns string) (*corev1.ServiceAccount, error) {
@@ -236,13 +253,7 @@ func TestEgressServiceAccount(t *testing.T) {
 	if err := c.Delete(ctx, sa); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
-		t.Fatal(err)
-	}
-	s.Spec.Destinations = []string{"203.0.113.0/24"}
-	if err := c.Update(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	updateEgress(t, c, s, func(eg *skeinv1.Egress) { eg.Spec.Destinations = []string{"203.0.113.0/24"} })
 	eventually(t, "account restored", state(map[string][]string{"second": {"s"}}, []string{"second"}))
 	if err := c.Delete(ctx, s); err != nil {
 		t.Fatal(err)
