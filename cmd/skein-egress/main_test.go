@@ -332,3 +332,53 @@ func TestControllerPodAgrees(t *testing.T) {
 		t.Errorf("the controller runs %q", ctr.Command)
 	}
 }
+
+// The real binary waits, not ready, for an Egress that does not exist
+// (yet), and ends cleanly on SIGTERM.
+func TestBinaryWaitsForEgressAndStops(t *testing.T) {
+	bin := filepath.Join(skeintest.Binaries(t), "skein-egress")
+	_, kc := startKube(t)
+	addr := freeAddr(t)
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "--kubeconfig", kc, "--egress-name", "missing", "--egress-namespace", egNS, "--metrics-addr", addr)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Env = append(os.Environ(), "POD_IPS=10.4.0.100")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body, err := httpGet("http://" + addr + "/readyz")
+		if err == nil && code == http.StatusServiceUnavailable && strings.Contains(body, "waiting for Egress "+egNS+"/missing") {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("skein-egress ended (%v) while it should wait:\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("readyz %d %q %v, want 503 waiting for the Egress:\n%s", code, body, err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, _, err := httpGet("http://" + addr + "/healthz"); err != nil || code != http.StatusOK {
+		t.Errorf("healthz while waiting: %d %v", code, err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("skein-egress ended with %v after SIGTERM, want status 0:\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("skein-egress still running 30 s after SIGTERM:\n%s", out.String())
+	}
+}

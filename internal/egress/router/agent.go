@@ -94,11 +94,13 @@ type Agent struct {
 	kick  chan struct{}
 	m     *metrics
 
-	dpMu    sync.Mutex
-	dp      Dataplane // nil until the Egress is known
-	dpCfg   DataplaneConfig
-	ready   atomic.Bool
-	problem atomic.Pointer[string] // why not ready, or the last sync error
+	dpMu  sync.Mutex
+	dp    Dataplane // nil until the Egress is known
+	dpCfg DataplaneConfig
+	// waitLogged: "waiting for the Egress" was logged (once is enough).
+	waitLogged bool
+	ready      atomic.Bool
+	problem    atomic.Pointer[string] // why not ready, or the last sync error
 }
 
 // New checks o and fills in its defaults.
@@ -136,12 +138,15 @@ func init() {
 	utilruntime.Must(skeinv1.AddToScheme(scheme))
 }
 
-// Run follows the API until ctx ends, then closes the data plane. It
-// returns an error when the informers do not sync, when the data plane
-// cannot be opened, or when closing it fails.
+// Run follows the API until ctx ends, then closes the data plane and
+// returns nil. It returns an error when the informers do not sync, when
+// the data plane cannot be opened, or when closing it fails.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	c, err := a.startCache(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	defer func() {
@@ -214,7 +219,10 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	a.dpMu.Lock()
 	defer a.dpMu.Unlock()
 	if eg == nil && a.dp == nil {
-		a.o.Log.Info("waiting for the Egress", "egress", a.o.Namespace+"/"+a.o.Name)
+		if !a.waitLogged {
+			a.o.Log.Info("waiting for the Egress", "egress", a.o.Namespace+"/"+a.o.Name)
+			a.waitLogged = true
+		}
 		return nil // its creation kicks the loop
 	}
 	if eg != nil {
