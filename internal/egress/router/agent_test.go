@@ -121,6 +121,11 @@ type rig struct {
 // clients, and an Agent for gateways/nat on a recording data plane.
 func start(t *testing.T, failing int) *rig {
 	t.Helper()
+	return startResync(t, failing, time.Hour)
+}
+
+func startResync(t *testing.T, failing int, resync time.Duration) *rig {
+	t.Helper()
 	env := kube.Start(t, kube.Options{})
 	c, err := kube.NewClient(env.Config)
 	if err != nil {
@@ -136,7 +141,7 @@ func start(t *testing.T, failing int) *rig {
 		Config: env.Config, Namespace: egNS, Name: egName, Open: r.op.open,
 		Dataplane:  DataplaneConfig{Port: 5555, Local4: netip.MustParseAddr("10.9.0.1"), Local6: netip.MustParseAddr("fd09::1"), OutInterface: "eth0"},
 		Coalesce:   10 * time.Millisecond,
-		Resync:     time.Hour,
+		Resync:     resync,
 		MinBackoff: 20 * time.Millisecond,
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -489,4 +494,21 @@ func TestNewRefuses(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// With nothing changing, the whole set is synced again every Resync: a
+// data plane disturbed from outside is repaired.
+func TestPeriodicResync(t *testing.T) {
+	r := startResync(t, 0, 200*time.Millisecond)
+	r.createPod(t, "apps", "a", map[string]string{skeinv1.AnnotationEgressPrefix + egNS: "nat"}, false, corev1.PodRunning, "10.1.0.1")
+	r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	r.wantPeers(t, "first sync", "10.1.0.1")
+	_, first := r.op.current().last()
+	eventually(t, "resyncs", func() string {
+		got, n := r.op.current().last()
+		if n < first+3 || !slices.Equal(got, addrs("10.1.0.1")) {
+			return fmt.Sprintf("%d syncs (first %d), last %v", n, first, got)
+		}
+		return ""
+	})
 }
