@@ -467,3 +467,60 @@ func ifname(s string) []byte {
 	copy(b, s)
 	return b
 }
+
+// describeNS summarizes ns for a failure report: links (kind, addresses,
+// tunnel ends), policy rules, routes of every table, FoU ports and
+// nftables tables.
+func describeNS(ns *harness.NS) string {
+	var b strings.Builder
+	var h *netlink.Handle
+	err := ns.Do(func() error {
+		var err error
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE, unix.NETLINK_GENERIC)
+		return err
+	})
+	if err != nil {
+		return err.Error()
+	}
+	defer h.Close()
+	links, _ := h.LinkList()
+	for _, l := range links {
+		a := l.Attrs()
+		fmt.Fprintf(&b, "link %s %s %s", a.Name, l.Type(), a.OperState)
+		switch x := l.(type) {
+		case *netlink.Iptun:
+			fmt.Fprintf(&b, " local %v remote %v encap %d sport %d dport %d flow %v", x.Local, x.Remote, x.EncapType, x.EncapSport, x.EncapDport, x.FlowBased)
+		case *netlink.Ip6tnl:
+			fmt.Fprintf(&b, " local %v remote %v encap %d sport %d dport %d flow %v", x.Local, x.Remote, x.EncapType, x.EncapSport, x.EncapDport, x.FlowBased)
+		}
+		addrs, _ := h.AddrList(l, netlink.FAMILY_ALL)
+		for _, ad := range addrs {
+			fmt.Fprintf(&b, " %s", ad.IPNet)
+		}
+		b.WriteString("\n")
+	}
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		rules, _ := h.RuleList(fam)
+		for _, r := range rules {
+			fmt.Fprintf(&b, "rule pref %d from %v to %v iif %q lookup %d\n", r.Priority, r.Src, r.Dst, r.IifName, r.Table)
+		}
+		routes, _ := h.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		for _, r := range routes {
+			fmt.Fprintf(&b, "route table %d %v\n", r.Table, r)
+		}
+		fous, _ := h.FouList(fam)
+		for _, f := range fous {
+			fmt.Fprintf(&b, "fou port %d ipproto %d family %d\n", f.Port, f.Protocol, fam)
+		}
+	}
+	if f, err := os.Open(ns.Path()); err == nil {
+		defer f.Close()
+		if c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd()))); err == nil {
+			tables, _ := c.ListTables()
+			for _, tb := range tables {
+				fmt.Fprintf(&b, "nftables table %s (family %d)\n", tb.Name, tb.Family)
+			}
+		}
+	}
+	return b.String()
+}

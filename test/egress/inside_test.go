@@ -150,34 +150,34 @@ func TestEgressClusterInside(t *testing.T) {
 	ext.wantNeverSaw(t, client4, client6)
 
 	t.Run("a router removed", func(t *testing.T) {
-		other := ra
-		if used == ra {
-			other = rb
+		gone := used
+		used = ra // the one left, for the steps after this one
+		if gone == ra {
+			used = rb
 		}
-		cl.nat.endpoints = []*router{other}
+		cl.nat.endpoints = []*router{used}
 		proxy.sync(t)
-		flushConntrack(t, used)
-		used.stop(t)
-		if err := cl.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: used.name}}); err != nil {
-			t.Fatalf("delete pod %s: %v", used.name, err)
+		flushConntrack(t, gone)
+		gone.stop(t)
+		if err := cl.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: gone.name}}); err != nil {
+			t.Fatalf("delete pod %s: %v", gone.name, err)
 		}
-		if err := used.pod.Del(t); err != nil {
+		if err := gone.pod.Del(t); err != nil {
 			t.Fatal(err)
 		}
-		wantNothingLeft(t, used.pod.NS, "the namespace of router "+used.name+" after skein-egress stopped and its DEL")
+		wantNothingLeft(t, gone.pod.NS, "the namespace of router "+gone.name+" after skein-egress stopped and its DEL")
 		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
 			for _, proto := range []string{"tcp", "udp"} {
 				src := eventuallySource(t, cp, proto, dst, 30*time.Second, func(src netip.Addr) string {
-					if through(src) != other {
-						return fmt.Sprintf("seen from %v, not router %s's address (%v)", src, other.name, other.pod.Addrs)
+					if through(src) != used {
+						return fmt.Sprintf("seen from %v, not router %s's address (%v)", src, used.name, used.pod.Addrs)
 					}
 					return ""
 				})
-				t.Logf("%s to %v after %s went: the server saw %v (%s)", proto, dst, used.name, src, other.name)
+				t.Logf("%s to %v after %s went: the server saw %v (%s)", proto, dst, gone.name, src, used.name)
 			}
 		}
-		cl.wantRouterMetrics(t, other, 1)
-		used = other
+		cl.wantRouterMetrics(t, used, 1)
 	})
 	ext.wantNeverSaw(t, client4, client6)
 
@@ -367,6 +367,11 @@ func (cl *cluster) addPod(t *testing.T, namespace, name string, labels, annotati
 		t.Fatalf("create pod %s/%s: %v", namespace, name, err)
 	}
 	p := cl.node.MustAddPod(t, namespace, name)
+	t.Cleanup(func() { // before the namespace goes (cleanups run last first)
+		if t.Failed() {
+			t.Logf("pod %s/%s's namespace:\n%s", namespace, name, describeNS(p.NS))
+		}
+	})
 	if len(p.Addrs) != 2 {
 		t.Fatalf("pod %s/%s got addresses %v, want one per family", namespace, name, p.Addrs)
 	}
