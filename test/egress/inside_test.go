@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/egress"
 	"github.com/skeinnet/skein/test/guest"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
@@ -105,6 +106,7 @@ func TestEgressClusterInside(t *testing.T) {
 	client4, client6 := cp.Addr(false), cp.Addr(true)
 	t.Logf("client %v up in %v", cp.Addrs, time.Since(start).Round(time.Millisecond))
 	cl.wantTunnels(t, cp, true)
+	cl.wantEgressPods(t, 1)
 
 	byAddr := map[netip.Addr]*router{}
 	for _, r := range routers {
@@ -139,6 +141,18 @@ func TestEgressClusterInside(t *testing.T) {
 			}
 		}
 		cl.wantRouterMetrics(t, used, 1)
+		// kube-proxy's DNAT and the fixed source port: the node tracks
+		// the client's tunnel as client:5555 -> ClusterIP:5555 whose
+		// reply is router:5555 -> client:5555, what the router sends;
+		// so the reply reaches the client from the ClusterIP, its
+		// tunnel's remote end.
+		for _, v6 := range []bool{false, true} {
+			cip := cl.nat.cip4
+			if v6 {
+				cip = cl.nat.cip6
+			}
+			wantFoUFlow(t, cp.Addr(v6), cip, used.pod.Addr(v6))
+		}
 		// The router's SNAT is in a table of its own.
 		if tables := nftTables(t, used.pod.NS); !slices.Contains(tables, "skein-egress") {
 			t.Errorf("router %s's namespace has nftables tables %v, want skein-egress among them", used.name, tables)
@@ -186,6 +200,7 @@ func TestEgressClusterInside(t *testing.T) {
 		kubenode.Eventually(t, 30*time.Second, "skeind removing the client's tunnels", func() string {
 			return cl.tunnelProblem(cp, false)
 		})
+		cl.wantEgressPods(t, 0)
 		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
 			want := client4
 			if dst.Is6() {
@@ -208,6 +223,7 @@ func TestEgressClusterInside(t *testing.T) {
 		kubenode.Eventually(t, 30*time.Second, "skeind restoring the client's tunnels", func() string {
 			return cl.tunnelProblem(cp, true)
 		})
+		cl.wantEgressPods(t, 1)
 		eventuallySource(t, cp, "tcp", ext.addr4, 30*time.Second, func(src netip.Addr) string {
 			if through(src) != used {
 				return fmt.Sprintf("seen from %v, not router %s's address", src, used.name)
@@ -219,6 +235,7 @@ func TestEgressClusterInside(t *testing.T) {
 		}
 		cl.wantTunnels(t, cp, false)
 		wantNothingLeft(t, cp.NS, "the client's namespace after DEL")
+		cl.wantEgressPods(t, 0)
 	})
 	t.Run("source port Auto: flows spread over the routers", func(t *testing.T) {
 		a1 := cl.startRouter(t, cl.auto, "auto-router-a")
@@ -499,17 +516,64 @@ func (cl *cluster) wantRouterMetrics(t *testing.T, r *router, clients int) {
 			}
 		}
 		if clients > 0 {
-			// Traffic went through: the SNAT rules counted it.
-			v, err := kubenode.SampleErr(r.url("/metrics"), "skein_egress_packets_total")
-			if err != nil {
-				return err.Error()
-			}
-			if n, err := strconv.ParseFloat(v, 64); err != nil || n <= 0 {
-				got = append(got, fmt.Sprintf("skein_egress_packets_total %q (want > 0)", v))
+			// Traffic went through: the SNAT rules counted it, the
+			// kernel tracks the client's connections.
+			for _, name := range []string{"skein_egress_packets_total", "skein_egress_conntrack_entries"} {
+				v, err := kubenode.SampleErr(r.url("/metrics"), name)
+				if err != nil {
+					return err.Error()
+				}
+				if n, err := strconv.ParseFloat(v, 64); err != nil || n <= 0 {
+					got = append(got, fmt.Sprintf("%s %q (want > 0)", name, v))
+				}
 			}
 		}
 		return strings.Join(got, ", ")
 	})
+}
+
+// wantEgressPods waits until skeind counts n pods with egress tunnels.
+func (cl *cluster) wantEgressPods(t *testing.T, n int) {
+	t.Helper()
+	kubenode.Eventually(t, 10*time.Second, "skeind's skein_egress_pods", func() string {
+		v, err := kubenode.SampleErr(cl.node.Metrics, "skein_egress_pods")
+		if err != nil {
+			return err.Error()
+		}
+		if v != fmt.Sprint(n) {
+			return fmt.Sprintf("%q (want %d)", v, n)
+		}
+		return ""
+	})
+}
+
+// wantFoUFlow checks the node's connection tracking of the client's
+// tunnel: client:port -> cip:port, DNAT'd so that its reply is
+// router:port -> client:port.
+func wantFoUFlow(t *testing.T, client, cip, router netip.Addr) {
+	t.Helper()
+	fam := netlink.InetFamily(unix.AF_INET)
+	if client.Is6() {
+		fam = unix.AF_INET6
+	}
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, fam)
+	if err != nil {
+		t.Fatalf("list the node's conntrack table: %v", err)
+	}
+	port := uint16(egress.DefaultPort)
+	var seen []string
+	for _, f := range flows {
+		if f.Forward.Protocol != unix.IPPROTO_UDP || !f.Forward.SrcIP.Equal(client.AsSlice()) {
+			continue
+		}
+		seen = append(seen, f.String())
+		if f.Forward.DstIP.Equal(cip.AsSlice()) && f.Forward.SrcPort == port && f.Forward.DstPort == port &&
+			f.Reverse.SrcIP.Equal(router.AsSlice()) && f.Reverse.SrcPort == port && f.Reverse.DstPort == port {
+			return
+		}
+	}
+	t.Errorf("the node tracks no flow %v:%d -> %v:%d with reply %v:%d -> %v:%d; UDP flows of the client: %v",
+		client, port, cip, port, router, port, client, port, seen)
 }
 
 // errNoSource: the echo answered nothing usable.
