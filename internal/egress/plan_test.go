@@ -8,7 +8,7 @@ import (
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
-func ip(s string) netip.Addr      { return netip.MustParseAddr(s) }
+func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
 
 func TestPlanClientRoutesAndTunnels(t *testing.T) {
 	cfg := ClientConfig{Gateways: []Gateway{
