@@ -288,6 +288,19 @@ func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) error {
 		return fmt.Errorf("create tunnel %s: %w", t.name, unsupported(err, t))
 	}
 	j.add(func() error { return delLink(h, t.name) })
+	return tagLink(h, t)
+}
+
+// tagLink sets t's alias, the tag that marks it ours: the kernel ignores
+// IFLA_IFALIAS in a link's creation request.
+func tagLink(h *netlink.Handle, t tunnel) error {
+	l, err := h.LinkByName(t.name)
+	if err == nil {
+		err = h.LinkSetAlias(l, t.alias)
+	}
+	if err != nil {
+		return fmt.Errorf("tag %s: %w", t.name, err)
+	}
 	return nil
 }
 
@@ -306,6 +319,9 @@ func delTunnel(h *netlink.Handle, t tunnel, routes []route, j *journal) error {
 	j.add(func() error {
 		if err := h.LinkAdd(t.link()); err != nil {
 			return fmt.Errorf("recreate %s: %w", t.name, err)
+		}
+		if err := tagLink(h, t); err != nil {
+			return err
 		}
 		for _, r := range mine {
 			if err := replaceRoute(h, r); err != nil {
