@@ -45,14 +45,27 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 			return err
 		}
 	}
-	h, err := openHandle(netnsPath, false)
+	// rp_filter off, in the switch that opens the handle and before any
+	// device exists, so the tunnels inherit it from "default": replies
+	// that land on the flow-based device would fail a strict
+	// reverse-path check (their way back is another tunnel), and the
+	// effective value is the larger of "all" and the device's. The old
+	// values come back on undo, not on removal.
+	var kv [][2]string
+	if hasV4(plan) {
+		kv = [][2]string{{"net/ipv4/conf/all/rp_filter", "0"}, {"net/ipv4/conf/default/rp_filter", "0"}}
+	}
+	h, old, err := openHandleSysctls(netnsPath, false, kv)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 
 	var j journal
-	if err := applyClient(h, netnsPath, plan, &j); err != nil {
+	if len(old) > 0 {
+		j.add(func() error { _, err := swapSysctls(netnsPath, old); return err })
+	}
+	if err := applyClient(h, plan, &j); err != nil {
 		if uerr := j.undo(); uerr != nil {
 			return fmt.Errorf("%w (and undoing: %w)", err, uerr)
 		}
@@ -63,16 +76,13 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 
 // applyClient makes the changes, adding before deleting, and records the
 // undo of each in j.
-func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) error {
-	cur, foreign, err := listTunnels(h, clientPrefix4, clientPrefix6)
+func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
+	ts, err := listTunnels(h, clientPrefix4, clientPrefix6)
 	if err != nil {
 		return err
 	}
-	byIndex, err := indexOf(h, cur)
-	if err != nil {
-		return err
-	}
-	oldRoutes, err := listRoutes(h, []int{TableNarrow, TableWide}, byIndex)
+	cur, foreign := ts.ours, ts.foreign
+	oldRoutes, err := listRoutes(h, []int{TableNarrow, TableWide}, ts.index)
 	if err != nil {
 		return err
 	}
@@ -88,24 +98,7 @@ func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) 
 		return err
 	}
 
-	// 1. rp_filter off, before any device exists, so the tunnels inherit
-	// it from "default": replies that land on the flow-based device
-	// would fail a strict reverse-path check (their way back is another
-	// tunnel), and the effective value is the larger of "all" and the
-	// device's. The old values come back on undo, not on removal.
-	if hasV4(plan) {
-		old, err := swapSysctls(nsPath, [][2]string{
-			{"net/ipv4/conf/all/rp_filter", "0"}, {"net/ipv4/conf/default/rp_filter", "0"},
-		})
-		if len(old) > 0 {
-			j.add(func() error { _, err := swapSysctls(nsPath, old); return err })
-		}
-		if err != nil {
-			return err
-		}
-	}
-
-	// 2. FoU receive ports.
+	// 1. FoU receive ports.
 	for _, f := range plan.fou {
 		if haveFoU[f] {
 			continue
@@ -116,8 +109,9 @@ func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) 
 		j.add(func() error { return h.FouDel(f.nl()) })
 	}
 
-	// 3. Tunnels: keep what matches, replace what differs, add the rest.
+	// 2. Tunnels: keep what matches, replace what differs, add the rest.
 	wantDev := map[string]bool{}
+	replaced := map[string]bool{}
 	for _, t := range plan.tunnels {
 		wantDev[t.name] = true
 		if !t.flow {
@@ -134,25 +128,20 @@ func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) 
 			if err := delTunnel(h, old, oldRoutes, j); err != nil {
 				return err
 			}
+			replaced[t.name] = true
 		}
 		if err := addTunnel(h, t, foreign[t.name], j); err != nil {
 			return err
 		}
 	}
 
-	// 4. Routes of tables 117 and 118 (re-read: replaced devices took
-	// theirs with them).
-	now, _, err := listTunnels(h, clientPrefix4, clientPrefix6)
-	if err != nil {
-		return err
-	}
-	byIndex, err = indexOf(h, now)
-	if err != nil {
-		return err
-	}
-	routes, err := listRoutes(h, []int{TableNarrow, TableWide}, byIndex)
-	if err != nil {
-		return err
+	// 3. Routes of tables 117 and 118 (replaced devices took theirs with
+	// them; new ones have none yet).
+	var routes []route
+	for _, r := range oldRoutes {
+		if !replaced[r.dev] {
+			routes = append(routes, r)
+		}
 	}
 	have := map[route]bool{}
 	at := map[[2]any]route{} // (table, dst) -> our route there now
@@ -180,7 +169,7 @@ func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) 
 		}
 	}
 
-	// 5. Policy rules.
+	// 4. Policy rules.
 	wantRule := map[rule]bool{}
 	for _, r := range plan.rules {
 		wantRule[r] = true
@@ -193,7 +182,7 @@ func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) 
 		j.add(func() error { return h.RuleDel(r.nl()) })
 	}
 
-	// 6. Remove what is no longer wanted: routes, rules, devices, ports.
+	// 5. Remove what is no longer wanted: routes, rules, devices, ports.
 	for _, r := range routes {
 		if wantRoute[r] || !have[r] {
 			continue
@@ -211,8 +200,8 @@ func applyClient(h *netlink.Handle, nsPath string, plan clientPlan, j *journal) 
 		}
 		j.add(func() error { return h.RuleAdd(r.nl()) })
 	}
-	for name, t := range now {
-		if wantDev[name] {
+	for name, t := range cur {
+		if wantDev[name] || replaced[name] {
 			continue
 		}
 		if err := delTunnel(h, t, nil, j); err != nil {
@@ -247,18 +236,6 @@ func fouWanted(want []fouPort, f fouPort) bool {
 		}
 	}
 	return false
-}
-
-func indexOf(h *netlink.Handle, ts map[string]tunnel) (map[int]string, error) {
-	out := map[int]string{}
-	for name := range ts {
-		l, err := h.LinkByName(name)
-		if err != nil {
-			return nil, fmt.Errorf("find %s: %w", name, err)
-		}
-		out[l.Attrs().Index] = name
-	}
-	return out, nil
 }
 
 // sourceFor is the pod's source address towards remote.
@@ -433,11 +410,11 @@ func ClientState(netnsPath string) (ClientStatus, error) {
 	}
 	defer h.Close()
 	var s ClientStatus
-	ts, _, err := listTunnels(h, clientPrefix4, clientPrefix6)
+	found, err := listTunnels(h, clientPrefix4, clientPrefix6)
 	if err != nil {
 		return s, fmt.Errorf("egress client state: %w", err)
 	}
-	for _, t := range ts {
+	for _, t := range found.ours {
 		s.Tunnels = append(s.Tunnels, TunnelStatus{
 			Device: t.name, Gateway: strings.TrimPrefix(strings.TrimPrefix(t.alias, aliasFlow), aliasGW),
 			IPv6: t.v6, FlowBased: t.flow, Remote: t.remote, Local: t.local,
@@ -445,11 +422,7 @@ func ClientState(netnsPath string) (ClientStatus, error) {
 		})
 	}
 	sort.Slice(s.Tunnels, func(i, j int) bool { return s.Tunnels[i].Device < s.Tunnels[j].Device })
-	byIndex, err := indexOf(h, ts)
-	if err != nil {
-		return s, fmt.Errorf("egress client state: %w", err)
-	}
-	rs, err := listRoutes(h, []int{TableNarrow, TableWide}, byIndex)
+	rs, err := listRoutes(h, []int{TableNarrow, TableWide}, found.index)
 	if err != nil {
 		return s, fmt.Errorf("egress client state: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -20,20 +21,35 @@ import (
 // it lacks, the library would open a socket in whatever namespace the
 // calling thread happens to be in.
 func openHandle(path string, conntrack bool) (*netlink.Handle, error) {
+	h, _, err := openHandleSysctls(path, conntrack, nil)
+	return h, err
+}
+
+// openHandleSysctls is openHandle that also sets sysctls (see
+// swapSysctls) in the same namespace switch, returning their old values.
+func openHandleSysctls(path string, conntrack bool, kv [][2]string) (*netlink.Handle, [][2]string, error) {
 	protos := []int{unix.NETLINK_ROUTE, unix.NETLINK_GENERIC}
 	if conntrack {
 		protos = append(protos, unix.NETLINK_NETFILTER)
 	}
 	var h *netlink.Handle
+	var old [][2]string
 	err := netns.Do(path, func() error {
 		var err error
-		h, err = netlink.NewHandle(protos...)
+		if h, err = netlink.NewHandle(protos...); err != nil {
+			return err
+		}
+		if old, err = swapHere(kv); err != nil {
+			_, _ = swapHere(old)
+			h.Close()
+			h = nil
+		}
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("netlink handle in %q: %w", path, err)
+		return nil, nil, fmt.Errorf("netlink handle in %q: %w", path, err)
 	}
-	return h, nil
+	return h, old, nil
 }
 
 // requireFoU fails with ErrNotSupported when the kernel has no fou
@@ -164,26 +180,34 @@ func isOurName(name string, prefixes ...string) bool {
 	return false
 }
 
+// tunnels is what listTunnels found.
+type tunnels struct {
+	ours    map[string]tunnel
+	foreign map[string]bool // our names on links that are not ours
+	index   map[int]string  // link index -> name, of ours
+}
+
 // listTunnels returns our tunnels among the links whose names carry one of
 // prefixes, and the names of foreign links among them.
-func listTunnels(h *netlink.Handle, prefixes ...string) (map[string]tunnel, map[string]bool, error) {
+func listTunnels(h *netlink.Handle, prefixes ...string) (tunnels, error) {
 	links, err := h.LinkList()
 	if err != nil {
-		return nil, nil, fmt.Errorf("list links: %w", err)
+		return tunnels{}, fmt.Errorf("list links: %w", err)
 	}
-	ours, foreign := map[string]tunnel{}, map[string]bool{}
+	ts := tunnels{ours: map[string]tunnel{}, foreign: map[string]bool{}, index: map[int]string{}}
 	for _, l := range links {
 		name := l.Attrs().Name
 		if !isOurName(name, prefixes...) {
 			continue
 		}
 		if t, ok := tunnelOf(l); ok {
-			ours[name] = t
+			ts.ours[name] = t
+			ts.index[l.Attrs().Index] = name
 		} else {
-			foreign[name] = true
+			ts.foreign[name] = true
 		}
 	}
-	return ours, foreign, nil
+	return ts, nil
 }
 
 func nlFamily(v6 bool) int {
@@ -207,24 +231,23 @@ func (r rule) nl() *netlink.Rule {
 // priority, family, table, destination and input interface, nothing else).
 func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 	have := map[rule]bool{}
-	for _, v6 := range []bool{false, true} {
-		rs, err := h.RuleList(nlFamily(v6))
-		if err != nil {
-			return nil, fmt.Errorf("list rules: %w", err)
+	rs, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list rules: %w", err)
+	}
+	for _, x := range rs {
+		if x.Src != nil || x.Mark != 0 || x.Invert || x.OifName != "" || x.Goto > 0 {
+			continue
 		}
-		for _, x := range rs {
-			if x.Src != nil || x.Mark != 0 || x.Invert || x.OifName != "" || x.Goto > 0 {
-				continue
-			}
-			var dst netip.Prefix
-			if x.Dst != nil {
-				dst = prefixOf(x.Dst, v6)
-			}
-			r := rule{prio: x.Priority, v6: v6, dst: dst, iif: x.IifName, table: x.Table}
-			for _, w := range want {
-				if w == r {
-					have[r] = true
-				}
+		v6 := x.Family == netlink.FAMILY_V6
+		var dst netip.Prefix
+		if x.Dst != nil {
+			dst = prefixOf(x.Dst, v6)
+		}
+		r := rule{prio: x.Priority, v6: v6, dst: dst, iif: x.IifName, table: x.Table}
+		for _, w := range want {
+			if w == r {
+				have[r] = true
 			}
 		}
 	}
@@ -232,23 +255,19 @@ func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 }
 
 // listRoutes returns the routes of tables whose device is one of devs
-// (by index).
+// (by index), both families, in one dump.
 func listRoutes(h *netlink.Handle, tables []int, devs map[int]string) ([]route, error) {
+	rs, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
 	var out []route
-	for _, v6 := range []bool{false, true} {
-		for _, table := range tables {
-			rs, err := h.RouteListFiltered(nlFamily(v6), &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
-			if err != nil {
-				return nil, fmt.Errorf("list routes of table %d: %w", table, err)
-			}
-			for _, x := range rs {
-				dev, ok := devs[x.LinkIndex]
-				if !ok {
-					continue
-				}
-				out = append(out, route{table: table, dst: prefixOf(x.Dst, v6), dev: dev})
-			}
+	for _, x := range rs {
+		dev, ok := devs[x.LinkIndex]
+		if !ok || !slices.Contains(tables, x.Table) {
+			continue
 		}
+		out = append(out, route{table: x.Table, dst: prefixOf(x.Dst, x.Family == netlink.FAMILY_V6), dev: dev})
 	}
 	return out, nil
 }
@@ -319,25 +338,33 @@ func (j *journal) undo() error {
 func swapSysctls(path string, kv [][2]string) ([][2]string, error) {
 	var old [][2]string
 	err := netns.Do(path, func() error {
-		for _, p := range kv {
-			file := "/proc/sys/" + p[0]
-			b, err := os.ReadFile(file)
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("read sysctl %s: %w", p[0], err)
-			}
-			cur := strings.TrimSpace(string(b))
-			if cur == p[1] {
-				continue
-			}
-			if err := os.WriteFile(file, []byte(p[1]), 0o644); err != nil {
-				return fmt.Errorf("sysctl %s=%s: %w", p[0], p[1], err)
-			}
-			old = append(old, [2]string{p[0], cur})
-		}
-		return nil
+		var err error
+		old, err = swapHere(kv)
+		return err
 	})
 	return old, err
+}
+
+// swapHere is swapSysctls in the calling thread's namespace.
+func swapHere(kv [][2]string) ([][2]string, error) {
+	var old [][2]string
+	for _, p := range kv {
+		file := "/proc/sys/" + p[0]
+		b, err := os.ReadFile(file)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return old, fmt.Errorf("read sysctl %s: %w", p[0], err)
+		}
+		cur := strings.TrimSpace(string(b))
+		if cur == p[1] {
+			continue
+		}
+		if err := os.WriteFile(file, []byte(p[1]), 0o644); err != nil {
+			return old, fmt.Errorf("sysctl %s=%s: %w", p[0], p[1], err)
+		}
+		old = append(old, [2]string{p[0], cur})
+	}
+	return old, nil
 }

@@ -162,11 +162,11 @@ func (r *Router) setup() error {
 	}
 	// Leftover tunnels of an earlier run: their peers come back with the
 	// next SyncPeers.
-	old, _, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
+	old, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
 	if err != nil {
 		return err
 	}
-	for name := range old {
+	for name := range old.ours {
 		if err := delLink(r.h, name); err != nil {
 			return err
 		}
@@ -232,10 +232,11 @@ func (r *Router) SyncPeers(peers []netip.Addr) error {
 		}
 		want[t.name] = t
 	}
-	cur, foreign, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
+	found, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
 	if err != nil {
 		return fmt.Errorf("egress router sync: %w", err)
 	}
+	cur, foreign := found.ours, found.foreign
 	r.peers = map[netip.Addr]bool{}
 	for name, t := range want {
 		if err := r.ensurePeer(t, cur, foreign[name]); err != nil {
@@ -289,11 +290,11 @@ func (r *Router) Stats() (RouterStats, error) {
 	}
 	var s RouterStats
 	s.Peers = len(r.peers)
-	ts, _, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
+	ts, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
 	if err != nil {
 		return s, fmt.Errorf("egress router stats: %w", err)
 	}
-	s.Tunnels = len(ts)
+	s.Tunnels = len(ts.ours)
 	for _, v6 := range r.families() {
 		fam := netlink.InetFamily(unix.AF_INET)
 		if v6 {
@@ -342,10 +343,10 @@ func (r *Router) Close() error {
 	}
 	r.closed = true
 	var errs []error
-	if ts, _, err := listTunnels(r.h, routerPrefix4, routerPrefix6); err != nil {
+	if ts, err := listTunnels(r.h, routerPrefix4, routerPrefix6); err != nil {
 		errs = append(errs, err)
 	} else {
-		for name := range ts {
+		for name := range ts.ours {
 			errs = append(errs, delLink(r.h, name))
 		}
 	}
