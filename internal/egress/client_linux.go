@@ -26,7 +26,8 @@ import (
 //
 // A tunnel's local address is the pod's source address towards the
 // ServiceIP (what the kernel would pick), so the pod's interface and
-// routes must be in place first.
+// routes must be in place first. A family the pod has no global address
+// of is left out (no tunnel, rules or routes for it).
 func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 	defer func() {
 		if retErr != nil {
@@ -60,6 +61,19 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 		return err
 	}
 	defer h.Close()
+
+	// A family the pod has no address of gets no tunnel: its traffic
+	// cannot leave the pod at all (a single-stack pod of a dual-stack
+	// Egress).
+	for _, v6 := range []bool{false, true} {
+		has, err := hasGlobalAddr(h, v6)
+		if err != nil {
+			return err
+		}
+		if !has {
+			plan = plan.withoutFamily(v6)
+		}
+	}
 
 	var j journal
 	if len(old) > 0 {
@@ -236,6 +250,21 @@ func fouWanted(want []fouPort, f fouPort) bool {
 		}
 	}
 	return false
+}
+
+// hasGlobalAddr reports whether the pod has an address of the family
+// with global scope.
+func hasGlobalAddr(h *netlink.Handle, v6 bool) (bool, error) {
+	as, err := h.AddrList(nil, nlFamily(v6))
+	if err != nil {
+		return false, fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range as {
+		if a.Scope == int(netlink.SCOPE_UNIVERSE) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // sourceFor is the pod's source address towards remote.

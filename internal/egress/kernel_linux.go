@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -52,10 +53,18 @@ func openHandleSysctls(path string, conntrack bool, kv [][2]string) (*netlink.Ha
 	return h, old, nil
 }
 
+var fouMu sync.Mutex
+
 // requireFoU fails with ErrNotSupported when the kernel has no fou
 // module (its generic netlink family is global, so asking in any
 // namespace answers for all).
+//
+// The library caches the family's ID in a package variable without a
+// lock; asking under fouMu, before any other FoU call, keeps concurrent
+// first calls (skeind attaching pods in parallel) from racing on it.
 func requireFoU() error {
+	fouMu.Lock()
+	defer fouMu.Unlock()
 	if _, err := netlink.FouFamilyId(); err != nil {
 		return fmt.Errorf("fou module not available (generic netlink family %q: %v): %w", netlink.FOU_GENL_NAME, err, ErrNotSupported)
 	}

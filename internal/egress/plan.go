@@ -279,3 +279,30 @@ func boolFam(v6 bool) int {
 	}
 	return 0
 }
+
+// withoutFamily drops from p everything of one family (tunnels, their
+// routes, rules and FoU ports): for a pod that has no address of it.
+func (p clientPlan) withoutFamily(v6 bool) clientPlan {
+	var out clientPlan
+	for _, t := range p.tunnels {
+		if t.v6 != v6 {
+			out.tunnels = append(out.tunnels, t)
+		}
+	}
+	for _, r := range p.routes {
+		if r.dst.Addr().Is6() != v6 {
+			out.routes = append(out.routes, r)
+		}
+	}
+	for _, r := range p.rules {
+		if r.v6 != v6 {
+			out.rules = append(out.rules, r)
+		}
+	}
+	for _, f := range p.fou {
+		if f.v6 != v6 {
+			out.fou = append(out.fou, f)
+		}
+	}
+	return out
+}

@@ -99,3 +99,24 @@ func TestTunnelNames(t *testing.T) {
 		t.Errorf("router name %q", r)
 	}
 }
+
+func TestPlanWithoutFamily(t *testing.T) {
+	p, err := planClient(ClientConfig{Gateways: []Gateway{{Namespace: "n", Name: "x", SourcePortAuto: true,
+		ServiceIPs:   []netip.Addr{ip("10.96.0.1"), ip("fd00::1")},
+		Destinations: []netip.Prefix{pfx("0.0.0.0/0"), pfx("::/0")}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.withoutFamily(true)
+	for _, tn := range q.tunnels {
+		if tn.v6 {
+			t.Errorf("IPv6 tunnel %s left", tn.name)
+		}
+	}
+	if len(q.tunnels) != 2 || len(q.routes) != 1 || len(q.fou) != 1 || !reflect.DeepEqual(q.rules, clientRules(false)) {
+		t.Errorf("without IPv6: %+v", q)
+	}
+	if e := p.withoutFamily(false).withoutFamily(true); !e.empty() || len(e.rules)+len(e.routes)+len(e.fou) != 0 {
+		t.Errorf("without both: %+v", e)
+	}
+}
