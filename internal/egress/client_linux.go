@@ -126,6 +126,10 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 	// 2. Tunnels: keep what matches, replace what differs, add the rest.
 	wantDev := map[string]bool{}
 	replaced := map[string]bool{}
+	index := map[string]int{} // device -> ifindex, spares a lookup per route
+	for i, name := range ts.index {
+		index[name] = i
+	}
 	for _, t := range plan.tunnels {
 		wantDev[t.name] = true
 		if !t.flow {
@@ -144,9 +148,11 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 			}
 			replaced[t.name] = true
 		}
-		if err := addTunnel(h, t, foreign[t.name], j); err != nil {
+		i, err := addTunnel(h, t, foreign[t.name], j)
+		if err != nil {
 			return err
 		}
+		index[t.name] = i
 	}
 
 	// 3. Routes of tables 117 and 118 (replaced devices took theirs with
@@ -169,7 +175,7 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 		if have[r] {
 			continue
 		}
-		x, err := r.nl(h)
+		x, err := r.nlAt(h, index[r.dev])
 		if err != nil {
 			return err
 		}
@@ -282,32 +288,32 @@ func sourceFor(h *netlink.Handle, remote netip.Addr) (netip.Addr, error) {
 }
 
 // addTunnel creates t; the undo deletes it.
-func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) error {
+func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) (int, error) {
 	if err := h.LinkAdd(t.link()); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			if foreign {
-				return fmt.Errorf("create %s: %w", t.name, ErrNameClash)
+				return 0, fmt.Errorf("create %s: %w", t.name, ErrNameClash)
 			}
 			// Only one flow-based device per kind fits in a namespace.
-			return fmt.Errorf("create %s: a device of this kind and address pair exists already: %w", t.name, err)
+			return 0, fmt.Errorf("create %s: a device of this kind and address pair exists already: %w", t.name, err)
 		}
-		return fmt.Errorf("create tunnel %s: %w", t.name, unsupported(err, t))
+		return 0, fmt.Errorf("create tunnel %s: %w", t.name, unsupported(err, t))
 	}
 	j.add(func() error { return delLink(h, t.name) })
 	return tagLink(h, t)
 }
 
-// tagLink sets t's alias, the tag that marks it ours: the kernel ignores
-// IFLA_IFALIAS in a link's creation request.
-func tagLink(h *netlink.Handle, t tunnel) error {
+// tagLink sets t's alias, the tag that marks it ours (the kernel ignores
+// IFLA_IFALIAS in a link's creation request), and returns its index.
+func tagLink(h *netlink.Handle, t tunnel) (int, error) {
 	l, err := h.LinkByName(t.name)
 	if err == nil {
 		err = h.LinkSetAlias(l, t.alias)
 	}
 	if err != nil {
-		return fmt.Errorf("tag %s: %w", t.name, err)
+		return 0, fmt.Errorf("tag %s: %w", t.name, err)
 	}
-	return nil
+	return l.Attrs().Index, nil
 }
 
 // delTunnel deletes t; the undo makes it again with the routes listed
@@ -326,7 +332,7 @@ func delTunnel(h *netlink.Handle, t tunnel, routes []route, j *journal) error {
 		if err := h.LinkAdd(t.link()); err != nil {
 			return fmt.Errorf("recreate %s: %w", t.name, err)
 		}
-		if err := tagLink(h, t); err != nil {
+		if _, err := tagLink(h, t); err != nil {
 			return err
 		}
 		for _, r := range mine {

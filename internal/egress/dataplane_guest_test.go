@@ -3,7 +3,9 @@ package egress
 import (
 	"errors"
 	"net/netip"
+	"os"
 	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -104,8 +106,17 @@ func testEgress(t *testing.T, auto bool) {
 
 	// Everything through the gateway: default routes of both families.
 	cfg := gateway(auto, "0.0.0.0/0", "::/0")
-	if err := ApplyClient(tp.client.Path(), cfg); err != nil {
+	// The calling thread stays in its namespace.
+	runtime.LockOSThread()
+	self, _ := os.Readlink("/proc/thread-self/ns/net")
+	err := ApplyClient(tp.client.Path(), cfg)
+	now, _ := os.Readlink("/proc/thread-self/ns/net")
+	runtime.UnlockOSThread()
+	if err != nil {
 		t.Fatalf("ApplyClient: %v", err)
+	}
+	if self == "" || self != now {
+		t.Errorf("the calling thread's namespace changed: %q -> %q", self, now)
 	}
 	st, err := ClientState(tp.client.Path())
 	if err != nil {

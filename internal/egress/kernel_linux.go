@@ -282,12 +282,20 @@ func listRoutes(h *netlink.Handle, tables []int, devs map[int]string) ([]route, 
 }
 
 func (r route) nl(h *netlink.Handle) (*netlink.Route, error) {
-	l, err := h.LinkByName(r.dev)
-	if err != nil {
-		return nil, fmt.Errorf("find %s: %w", r.dev, err)
+	return r.nlAt(h, 0)
+}
+
+// nlAt is nl with the device's index known (0: look it up by name).
+func (r route) nlAt(h *netlink.Handle, index int) (*netlink.Route, error) {
+	if index == 0 {
+		l, err := h.LinkByName(r.dev)
+		if err != nil {
+			return nil, fmt.Errorf("find %s: %w", r.dev, err)
+		}
+		index = l.Attrs().Index
 	}
 	return &netlink.Route{
-		LinkIndex: l.Attrs().Index, Table: r.table, Dst: ipNet(r.dst),
+		LinkIndex: index, Table: r.table, Dst: ipNet(r.dst),
 		Scope: netlink.SCOPE_LINK, Family: nlFamily(r.dst.Addr().Is6()),
 	}, nil
 }

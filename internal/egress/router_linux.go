@@ -268,7 +268,7 @@ func (r *Router) ensurePeer(t tunnel, cur map[string]tunnel, foreign bool) error
 	}
 	if _, ok := cur[t.name]; !ok {
 		var j journal // the device goes again if its route cannot be made
-		if err := addTunnel(r.h, t, foreign, &j); err != nil {
+		if _, err := addTunnel(r.h, t, foreign, &j); err != nil {
 			return err
 		}
 		if err := replaceRoute(r.h, route{table: RouterTable, dst: netip.PrefixFrom(t.remote, t.remote.BitLen()), dev: t.name}); err != nil {
