@@ -363,3 +363,48 @@ func TestGuestRouterPeers(t *testing.T) {
 		t.Errorf("the nftables table %s is still there after Close", NFTable)
 	}
 }
+
+// TestGuestApplyClientConcurrent: skeind attaches pods in parallel;
+// ApplyClient on several namespaces at once makes each pod's state and
+// nothing else.
+func TestGuestApplyClientConcurrent(t *testing.T) {
+	requireTunnels(t)
+	node := harness.NewNS(t, "egnode")
+	const n = 6
+	pods := make([]*harness.NS, n)
+	for i := range pods {
+		pods[i] = harness.NewNS(t, "egpar")
+		plugPod(t, node, pods[i], "vp"+string(rune('a'+i)), netip.AddrFrom4([4]byte{10, 100, 3, byte(i + 1)}),
+			netip.AddrFrom16([16]byte{0xfd, 0, 1, 0, 14: 3, 15: byte(i + 1)}))
+	}
+	errs := make(chan error, n)
+	for _, p := range pods {
+		go func() { errs <- ApplyClient(p.Path(), gateway(true, "0.0.0.0/0", "::/0")) }()
+	}
+	for range pods {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent ApplyClient: %v", err)
+		}
+	}
+	for i, p := range pods {
+		st, err := ClientState(p.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Tunnels) != 4 || len(st.Routes) != 2 || len(st.FoUPorts) != 2 {
+			t.Errorf("pod %d after concurrent applies: %+v", i, st)
+		}
+		for _, tn := range st.Tunnels {
+			want := netip.AddrFrom4([4]byte{10, 100, 3, byte(i + 1)})
+			if tn.IPv6 {
+				want = netip.AddrFrom16([16]byte{0xfd, 0, 1, 0, 14: 3, 15: byte(i + 1)})
+			}
+			if !tn.FlowBased && tn.Local != want {
+				t.Errorf("pod %d: tunnel %s has local %s, want the pod's own %s", i, tn.Device, tn.Local, want)
+			}
+		}
+	}
+	if st, err := ClientState(node.Path()); err != nil || !st.Empty() {
+		t.Errorf("the node namespace got egress state: %+v, %v", st, err)
+	}
+}
