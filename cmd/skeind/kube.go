@@ -20,6 +20,8 @@ type kubeFlags struct {
 	store        string
 	kubeconfig   string
 	grantTimeout time.Duration
+	// egress: follow pods' egress annotations (package podegress).
+	egress bool
 }
 
 // openStore returns nil for the embedded store (the daemon opens it), or

@@ -22,6 +22,7 @@ import (
 	"github.com/skeinnet/skein/internal/docker"
 	"github.com/skeinnet/skein/internal/kubestore"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
+	"github.com/skeinnet/skein/internal/podegress"
 )
 
 func main() {
@@ -124,10 +125,16 @@ func newCommand() *cobra.Command {
 				return err
 			}
 			var nr *nodeRouting
+			var eg *podegress.Client
 			if kf.store == "kubernetes" {
 				rc, err := kf.restConfig(final.Node)
 				if err == nil {
 					nr, err = startRouting(ctx, &final, mode, rc, log)
+				}
+				if err == nil && kf.egress {
+					if eg, err = startEgress(ctx, &final, rc, nr.events, log); err != nil {
+						nr.stop()
+					}
 				}
 				if err != nil {
 					final.Store.Close()
@@ -138,6 +145,9 @@ func newCommand() *cobra.Command {
 			}
 			d, err := daemon.New(ctx, final)
 			if err != nil {
+				if eg != nil {
+					eg.Close()
+				}
 				if nr != nil {
 					nr.stop()
 				}
@@ -146,6 +156,9 @@ func newCommand() *cobra.Command {
 			if nr != nil {
 				nr.run(ctx)
 				d.OnStop(nr.stop)
+			}
+			if eg != nil {
+				d.OnStop(eg.Close)
 			}
 			if err := vmf.serve(ctx, d, final.Socket); err != nil {
 				d.Close()
@@ -191,6 +204,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&kf.store, "store", "embedded", "where pools and blocks live: embedded (a file under --state-dir, one host) or kubernetes (the API server; attachments stay in the file)")
 	f.StringVar(&kf.kubeconfig, "kubeconfig", "", "kubeconfig for --store kubernetes (empty: the in-cluster configuration)")
 	f.DurationVar(&kf.grantTimeout, "block-wait", kubestore.DefaultGrantTimeout, "with --store kubernetes, how long an ADD waits for skein-controller to grant a block before failing with \"try again\" (CNI code 11)")
+	f.BoolVar(&kf.egress, "egress", true, "with --store kubernetes, give pods annotated egress.skein.dev/<namespace>: <egress>,… their tunnels to those Egresses' gateways (needs the Egress CRD, and get/list/watch of Pods, Services and Egresses)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

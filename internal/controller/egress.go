@@ -5,11 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -31,6 +33,7 @@ const DefaultEgressImage = "skein:dev"
 const (
 	ReasonEgressDeploymentFailed = "DeploymentFailed"
 	ReasonEgressServiceFailed    = "ServiceFailed"
+	ReasonEgressAccessFailed     = "AccessFailed"
 )
 
 // EgressReconciler runs each Egress as a Deployment of router pods and a
@@ -39,6 +42,10 @@ const (
 // Egress's status (what the scale subresource reads).
 type EgressReconciler struct {
 	Client client.Client
+	// Reader reads what the controller does not cache (the router pods'
+	// ServiceAccount and ClusterRoleBinding, so that it needs no list or
+	// watch of every account and binding); nil means Client.
+	Reader client.Reader
 	Scheme *runtime.Scheme
 	// Recorder reports errors as events on the Egress; nil records none.
 	Recorder events.EventRecorder
@@ -72,27 +79,44 @@ func EgressSelector(eg *skeinv1.Egress) map[string]string {
 func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	eg := &skeinv1.Egress{}
 	if err := r.Client.Get(ctx, req.NamespacedName, eg); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		// Gone: its routers' account may have been its namespace's last.
+		return ctrl.Result{}, r.syncAccess(ctx, req.Namespace)
 	}
 	if !eg.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil // the garbage collector removes what it owns
+		// The garbage collector removes what it owns.
+		return ctrl.Result{}, r.syncAccess(ctx, req.Namespace)
 	}
 	eg = eg.DeepCopy()
 
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
-	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
-		return r.mutateDeployment(eg, dep)
-	}); err != nil {
-		r.event(eg, ReasonEgressDeploymentFailed, "write Deployment %s: %v", eg.Name, err)
-		return requeueOnConflict(err, "write Deployment of egress %s/%s", eg.Namespace, eg.Name)
-	}
-
+	// Each part is written even when another fails: the Service is what
+	// clients resolve and does not need the router pods (a Deployment the
+	// API server refuses, say privileged pods not allowed, must not leave
+	// clients without it); the routers' account is made before their
+	// Deployment, whose pods need it.
+	var errs []error
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
 	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, svc, func() error {
 		return r.mutateService(eg, svc)
 	}); err != nil {
 		r.event(eg, ReasonEgressServiceFailed, "write Service %s: %v", eg.Name, err)
-		return requeueOnConflict(err, "write Service of egress %s/%s", eg.Namespace, eg.Name)
+		errs = append(errs, fmt.Errorf("write Service: %w", err))
+	}
+	if err := r.syncAccess(ctx, eg.Namespace); err != nil {
+		r.event(eg, ReasonEgressAccessFailed, "%v", err)
+		errs = append(errs, err)
+	}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
+		return r.mutateDeployment(eg, dep)
+	}); err != nil {
+		r.event(eg, ReasonEgressDeploymentFailed, "write Deployment %s: %v", eg.Name, err)
+		errs = append(errs, fmt.Errorf("write Deployment: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return requeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
 	}
 
 	st := skeinv1.EgressStatus{
@@ -174,9 +198,12 @@ func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpe
 		Ports: []corev1.ContainerPort{{
 			Name: "fou", ContainerPort: skeinv1.EgressFoUPort, Protocol: corev1.ProtocolUDP,
 		}},
-		SecurityContext: &corev1.SecurityContext{
-			Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}},
-		},
+		Env:             egressEnv(),
+		SecurityContext: egressSecurityContext(),
+		ReadinessProbe:  egressReadiness(),
+	}
+	if t.Spec.ServiceAccountName == "" {
+		t.Spec.ServiceAccountName = EgressServiceAccount
 	}
 	merged := false
 	for i := range t.Spec.Containers {
@@ -200,6 +227,10 @@ func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpe
 		if c.SecurityContext == nil {
 			c.SecurityContext = base.SecurityContext
 		}
+		if c.ReadinessProbe == nil {
+			c.ReadinessProbe = base.ReadinessProbe
+		}
+		c.Env = mergeEnv(base.Env, c.Env)
 	}
 	if !merged {
 		t.Spec.Containers = append([]corev1.Container{base}, t.Spec.Containers...)

@@ -27,7 +27,9 @@ const egressNS = "egress-test"
 // for Egresses.
 func startEgress(t *testing.T, opts Options) (*kube.Env, client.Client) {
 	t.Helper()
-	env := kube.Start(t, kube.Options{})
+	// Router pods are privileged (see egressSecurityContext), as the API
+	// servers of clusters running a CNI allow.
+	env := kube.Start(t, kube.Options{APIServerArgs: []string{"--allow-privileged=true"}})
 	c, err := kube.NewClient(env.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -295,24 +297,20 @@ func TestEgressTemplateRollsOut(t *testing.T) {
 
 	// Change the template: drop the annotation, override the router's
 	// image and resources, add a sidecar, set a strategy.
-	if err := c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
-		t.Fatal(err)
-	}
-	eg.Spec.Template = &skeinv1.EgressPodTemplate{
-		Metadata: skeinv1.EgressPodMetadata{Labels: map[string]string{"team": "net"}},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{
-				{Name: "egress", Image: "registry.example/egress:v2", Env: []corev1.EnvVar{{Name: "X", Value: "y"}}},
-				{Name: "sidecar", Image: "registry.example/sidecar:v1"},
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
+		eg.Spec.Template = &skeinv1.EgressPodTemplate{
+			Metadata: skeinv1.EgressPodMetadata{Labels: map[string]string{"team": "net"}},
+			Spec: corev1.PodSpec{
+				Containers: []corev1.Container{
+					{Name: "egress", Image: "registry.example/egress:v2", Env: []corev1.EnvVar{{Name: "X", Value: "y"}}},
+					{Name: "sidecar", Image: "registry.example/sidecar:v1"},
+				},
+				NodeSelector: map[string]string{"egress": "true"},
 			},
-			NodeSelector: map[string]string{"egress": "true"},
-		},
-	}
-	eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	eg.Spec.SessionAffinity = corev1.ServiceAffinityNone
-	if err := c.Update(ctx, eg); err != nil {
-		t.Fatal(err)
-	}
+		}
+		eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+		eg.Spec.SessionAffinity = corev1.ServiceAffinityNone
+	})
 	eventually(t, "new template", func() string {
 		dep, msg := getDeployment(t, c, "tmpl")
 		if msg != "" {
@@ -332,7 +330,7 @@ func TestEgressTemplateRollsOut(t *testing.T) {
 			return fmt.Sprintf("strategy %+v", dep.Spec.Strategy)
 		}
 		ctr := routerContainer(dep)
-		if ctr.Image != "registry.example/egress:v2" || len(ctr.Env) != 1 ||
+		if ctr.Image != "registry.example/egress:v2" || len(ctr.Env) == 0 || ctr.Env[0].Name != "X" || envFieldPath(ctr, "POD_IPS") != "status.podIPs" ||
 			!slices.Equal(ctr.Command, []string{"skein-egress"}) || len(ctr.Ports) != 1 {
 			return fmt.Sprintf("router container %+v: want the override merged over the defaults", *ctr)
 		}

@@ -39,7 +39,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("set up the AddressPool reconciler: %w", err)
 	}
 	eg := &EgressReconciler{
-		Client: mgr.GetClient(), Scheme: mgr.GetScheme(),
+		Client: mgr.GetClient(), Reader: reader, Scheme: mgr.GetScheme(),
 		Recorder: mgr.GetEventRecorder("skein-controller"), Image: opts.EgressImage,
 	}
 	if err := eg.SetupWithManager(mgr); err != nil {

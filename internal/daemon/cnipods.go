@@ -79,13 +79,19 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	}
 	// 3. one result for all of them
 	merged, err := mergeResults(res.Pod.Attachments, req.Netns)
+	var out []byte
 	if err == nil {
-		var out []byte
-		if out, err = cni.Encode(merged, conf.CNIVersion); err == nil {
-			return out, nil
-		}
+		out, err = cni.Encode(merged, conf.CNIVersion)
 	}
-	// Cannot be reported: undo, so nothing is left behind.
+	// 4. the pod's own set-up (egress) once its interfaces are in place
+	if err == nil {
+		err = s.podAdded(ctx, req)
+	}
+	if err == nil {
+		return out, nil
+	}
+	// Cannot be reported, or the pod's set-up failed: undo, so nothing is
+	// left behind.
 	if derr := pods.Detach(context.WithoutCancel(ctx), req.ContainerId); derr != nil {
 		s.d.log.Error("undo pod networks after result failure", "container", req.ContainerId, "err", derr)
 	}
@@ -108,9 +114,23 @@ func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	if sels, _, err := podSelections(m, req.Args, req.Ifname, kurma.Defaults(pods.Networks())); err == nil {
 		lost.Networks = sels
 	}
-	if err := pods.DetachLost(ctx, lost, func(ctx context.Context) error {
-		return s.detachPodPools(ctx, req.ContainerId, req.Netns)
-	}); err != nil {
+	nsPath := req.Netns
+	if nsPath != "" && netns.IsNetNS(nsPath) != nil {
+		nsPath = "" // gone
+	}
+	detach := func() error {
+		return pods.DetachLost(ctx, lost, func(ctx context.Context) error {
+			return s.detachPodPools(ctx, req.ContainerId, req.Netns)
+		})
+	}
+	// A CNI_ARGS that does not parse names no pod: DEL goes on.
+	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
+	if hasPod {
+		err = s.d.cfg.PodHook.Deleting(ctx, pod, detach)
+	} else {
+		err = detach()
+	}
+	if err != nil {
 		return podsCNIError(err)
 	}
 	return nil

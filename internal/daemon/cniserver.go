@@ -124,15 +124,21 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 		GatewayV4:    s.d.dpConfig.GatewayV4,
 		GatewayV6:    ap.GatewayV6,
 	})
+	var out []byte
 	if err == nil {
-		var out []byte
-		if out, err = cni.Encode(res, conf.CNIVersion); err == nil {
-			return out, nil
-		}
+		out, err = cni.Encode(res, conf.CNIVersion)
 	}
-	// The result cannot be rendered: undo, so nothing is left behind.
+	// The pod's own set-up (egress) once its interface is in place.
+	if err == nil {
+		err = s.podAdded(ctx, req)
+	}
+	if err == nil {
+		return out, nil
+	}
+	// The result cannot be rendered, or the pod's set-up failed: undo, so
+	// nothing is left behind.
 	if _, derr := s.d.Detach(context.WithoutCancel(ctx), a.AttachmentKey, req.Netns); derr != nil {
-		s.d.log.Error("undo ADD after result failure", "key", a.AttachmentKey, "err", derr)
+		s.d.log.Error("undo ADD after a failure", "key", a.AttachmentKey, "cause", err, "err", derr)
 	}
 	return nil, err
 }
@@ -189,7 +195,18 @@ func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
 	if nsPath != "" && netns.IsNetNS(nsPath) != nil {
 		nsPath = "" // gone: the host side is enough
 	}
-	if _, err := s.d.Detach(ctx, keyOf(conf, req), nsPath); err != nil {
+	detach := func() error {
+		_, err := s.d.Detach(ctx, keyOf(conf, req), nsPath)
+		return err
+	}
+	// A CNI_ARGS that does not parse names no pod: DEL goes on.
+	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
+	if hasPod {
+		err = s.d.cfg.PodHook.Deleting(ctx, pod, detach)
+	} else {
+		err = detach()
+	}
+	if err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
 	return nil

@@ -81,6 +81,10 @@ type Config struct {
 	// Kernel, if set, is used instead of a dataplane.Dataplane built from
 	// Dataplane; the daemon closes it. (Unit tests pass a fake.)
 	Kernel Kernel `json:"-"`
+	// PodHook, if set, runs on the CNI ADD and DEL of Kubernetes pods
+	// (egress tunnels in the Kubernetes mode); its metrics (when it has
+	// Collectors) are served with the daemon's. Nil: none.
+	PodHook PodHook `json:"-"`
 }
 
 // Defaults.
@@ -157,6 +161,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	d.st = st
 	d.metrics.registerStore(st)
 	d.metrics.registerStore(cfg.Routes)
+	d.metrics.registerStore(cfg.PodHook)
 	defer func() {
 		if err != nil {
 			st.Close()

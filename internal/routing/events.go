@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
@@ -34,6 +35,12 @@ func NewNodeEvents(cfg *rest.Config, node string) (*NodeEvents, error) {
 func (e *NodeEvents) NodeWarning(node NodeInfo, reason, message string) {
 	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
 	e.rec.Event(ref, corev1.EventTypeWarning, reason, message)
+}
+
+// Warning records a Warning event on obj, a kind of the routing scheme
+// (a Pod of this node: skeind's egress client reports there).
+func (e *NodeEvents) Warning(obj runtime.Object, reason, message string) {
+	e.rec.Event(obj, corev1.EventTypeWarning, reason, message)
 }
 
 // Close stops sending events (those queued may be dropped).

@@ -78,6 +78,52 @@ func TestApply(t *testing.T) {
 	t.Run("controller", func(t *testing.T) { checkController(ctx, t, c) })
 	t.Run("skeind", func(t *testing.T) { checkSkeind(ctx, t, c) })
 	t.Run("rbac", func(t *testing.T) { checkRBAC(t, env) })
+	t.Run("egress", func(t *testing.T) { checkEgressRBAC(t, env) })
+}
+
+// checkEgressRBAC: the controller, with the base's permissions, can bind
+// the router role to a namespace's router account, and nothing more
+// (RBAC's escalation check stands behind the create it cannot narrow);
+// the router account then reads what skein-egress watches, not more.
+func checkEgressRBAC(t *testing.T, env *kube.Env) {
+	const (
+		controller = "system:serviceaccount:" + namespace + ":skein-controller"
+		router     = "system:serviceaccount:default:skein-egress"
+	)
+	if out, err := env.Kubectl("create", "serviceaccount", "skein-egress", "-n", "default", "--as", controller); err != nil {
+		t.Fatalf("the controller cannot make a router account: %v: %s", err, out)
+	}
+	if out, err := env.Kubectl("create", "clusterrolebinding", "skein-egress", "--clusterrole=skein-egress",
+		"--serviceaccount=default:skein-egress", "--as", controller); err != nil {
+		t.Fatalf("the controller cannot bind the router role: %v: %s", err, out)
+	}
+	if out, err := env.Kubectl("create", "clusterrolebinding", "skein-test-escalation", "--clusterrole=cluster-admin",
+		"--serviceaccount=default:skein-egress", "--as", controller); err == nil || !strings.Contains(string(out), "forbidden") {
+		t.Errorf("the controller binding cluster-admin: %v: %s; want forbidden", err, out)
+	}
+	for _, r := range []access{
+		{"watch", "pods", "", "", true},
+		{"list", "egresses.skein.dev", "", "", true},
+		{"get", "pods", "", "kube-system", true},
+		{"update", "pods", "", "default", false},
+		{"update", "egresses.skein.dev", "status", "default", false},
+		{"get", "secrets", "", "default", false},
+		{"list", "services", "", "", false},
+	} {
+		args := []string{"auth", "can-i", r.verb, r.resource, "--as", router}
+		if r.sub != "" {
+			args = append(args, "--subresource", r.sub)
+		}
+		if r.ns == "" {
+			args = append(args, "--all-namespaces")
+		} else {
+			args = append(args, "--namespace", r.ns)
+		}
+		out, _ := env.Kubectl(args...)
+		if got := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]) == "yes"; got != r.allowed {
+			t.Errorf("skein-egress: can %s %s (subresource %q, namespace %q) = %v, want %v", r.verb, r.resource, r.sub, r.ns, got, r.allowed)
+		}
+	}
 }
 
 func checkController(ctx context.Context, t *testing.T, c client.Client) {
@@ -300,6 +346,8 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 		leases   = "leases.coordination.k8s.io"
 		egresses = "egresses.skein.dev"
 		deploys  = "deployments.apps"
+		crbs     = "clusterrolebindings.rbac.authorization.k8s.io"
+		croles   = "clusterroles.rbac.authorization.k8s.io"
 	)
 	table := map[string][]access{
 		"skein-controller": {
@@ -354,6 +402,20 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"delete", "services", "", "default", true},
 			{"list", "services", "", "", true},
 			{"update", "statefulsets.apps", "", "default", false},
+			// Egress router pods' account and its binding, by name.
+			{"create", "serviceaccounts", "", "default", true},
+			{"get", "serviceaccounts/skein-egress", "", "default", true},
+			{"delete", "serviceaccounts/skein-egress", "", "default", true},
+			{"delete", "serviceaccounts/default", "", "default", false},
+			{"list", "serviceaccounts", "", "", false},
+			{"create", "serviceaccounts", "token", "default", false},
+			{"create", crbs, "", "", true},
+			{"update", crbs + "/skein-egress", "", "", true},
+			{"update", crbs + "/skein-controller", "", "", false},
+			{"list", crbs, "", "", false},
+			{"bind", croles + "/skein-egress", "", "", true},
+			{"bind", croles + "/cluster-admin", "", "", false},
+			{"update", croles + "/skein-egress", "", "", false},
 		},
 		"skeind": {
 			{"list", pools, "", "", true},
@@ -388,7 +450,21 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"create", "events", "", "default", true},
 			{"get", "secrets", "", namespace, false},
 			{"create", leases, "", namespace, false},
-			{"list", "pods", "", "", false},
+			// Egress clients: pods, Services and Egresses read, never
+			// written.
+			{"list", "pods", "", "", true},
+			{"watch", "pods", "", "", true},
+			{"get", "pods", "", "default", true},
+			{"update", "pods", "", "default", false},
+			{"delete", "pods", "", "default", false},
+			{"watch", "services", "", "", true},
+			{"get", "services", "", "default", true},
+			{"update", "services", "", "default", false},
+			{"get", egresses, "", "default", true},
+			{"list", egresses, "", "", true},
+			{"watch", egresses, "", "", true},
+			{"update", egresses, "", "", false},
+			{"create", "events", "", "kube-system", true},
 			{"patch", vwc + "/" + webhookConfig, "", "", false},
 			{"update", egresses, "status", "", false},
 			{"create", deploys, "", "default", false},

@@ -1,0 +1,304 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/kube"
+)
+
+// envFieldPath is the downward API field of ctr's variable name, or "".
+func envFieldPath(ctr *corev1.Container, name string) string {
+	for _, e := range ctr.Env {
+		if e.Name == name && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			return e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	return ""
+}
+
+// The router pod runs as the namespace's skein-egress account, knows its
+// addresses from the downward API, is probed on /readyz and may set its
+// sysctls; spec.template's choices win over each of these.
+func TestEgressRouterPod(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("pod", "0.0.0.0/0")
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	var dep *appsv1.Deployment
+	eventually(t, "deployment", func() string {
+		var msg string
+		dep, msg = getDeployment(t, c, "pod")
+		return msg
+	})
+	pod := dep.Spec.Template.Spec
+	if pod.ServiceAccountName != EgressServiceAccount {
+		t.Errorf("service account %q, want %q", pod.ServiceAccountName, EgressServiceAccount)
+	}
+	ctr := routerContainer(dep)
+	for name, path := range map[string]string{"POD_IP": "status.podIP", "POD_IPS": "status.podIPs",
+		"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"} {
+		if got := envFieldPath(ctr, name); got != path {
+			t.Errorf("$%s from %q, want the downward API's %s", name, got, path)
+		}
+	}
+	if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.IntValue() != EgressMetricsPort {
+		t.Errorf("readiness probe %+v, want GET /readyz on %d", p, EgressMetricsPort)
+	}
+	if sc := ctr.SecurityContext; sc == nil || !ptr.Deref(sc.Privileged, false) {
+		t.Errorf("security context %+v, want privileged (the router sets net sysctls)", sc)
+	}
+
+	// Overrides win; what they leave out keeps its default.
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
+		eg.Spec.Template = egressOverrides()
+	})
+	eventually(t, "overridden pod", func() string {
+		d, msg := getDeployment(t, c, "pod")
+		if msg != "" {
+			return msg
+		}
+		ctr := routerContainer(d)
+		switch {
+		case d.Spec.Template.Spec.ServiceAccountName != "custom":
+			return "service account " + d.Spec.Template.Spec.ServiceAccountName
+		case ctr.ReadinessProbe == nil || ctr.ReadinessProbe.HTTPGet == nil || ctr.ReadinessProbe.HTTPGet.Path != "/other":
+			return fmt.Sprintf("probe %+v", ctr.ReadinessProbe)
+		case ctr.SecurityContext == nil || ptr.Deref(ctr.SecurityContext.Privileged, false):
+			return fmt.Sprintf("security context %+v", ctr.SecurityContext)
+		case envFieldPath(ctr, "POD_IPS") != "status.podIPs":
+			return fmt.Sprintf("env %+v lacks POD_IPS", ctr.Env)
+		}
+		n := 0
+		for _, e := range ctr.Env {
+			if e.Name == "POD_IP" {
+				n++
+				if e.Value != "192.0.2.9" || e.ValueFrom != nil {
+					return fmt.Sprintf("POD_IP %+v, want the override", e)
+				}
+			}
+		}
+		if n != 1 {
+			return fmt.Sprintf("%d POD_IP variables", n)
+		}
+		return ""
+	})
+}
+
+func egressOverrides() *skeinv1.EgressPodTemplate {
+	return &skeinv1.EgressPodTemplate{Spec: corev1.PodSpec{
+		ServiceAccountName: "custom",
+		Containers: []corev1.Container{{
+			Name:            skeinv1.EgressContainerName,
+			Env:             []corev1.EnvVar{{Name: "POD_IP", Value: "192.0.2.9"}},
+			ReadinessProbe:  &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/other", Port: intstr.FromInt32(9999)}}},
+			SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}},
+		}},
+		SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
+	}}
+}
+
+// updateEgress applies mutate to the latest eg and writes it, again on a
+// conflict (the controller writes its status meanwhile).
+func updateEgress(t *testing.T, c client.Client, eg *skeinv1.Egress, mutate func(*skeinv1.Egress)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(eg), eg); err != nil {
+			return err
+		}
+		mutate(eg)
+		return c.Update(context.Background(), eg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getSA(c client.Client, ns string) (*corev1.ServiceAccount, error) {
+	sa := &corev1.ServiceAccount{}
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: EgressServiceAccount}, sa)
+	return sa, err
+}
+
+// bindingNamespaces are the namespaces of the binding's subjects, after
+// checking its role and subjects' kind.
+func bindingNamespaces(c client.Client) ([]string, string) {
+	crb := &rbacv1.ClusterRoleBinding{}
+	if err := c.Get(context.Background(), client.ObjectKey{Name: EgressRBACName}, crb); err != nil {
+		return nil, err.Error()
+	}
+	if crb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "skein-egress"}) {
+		return nil, fmt.Sprintf("binding's role %+v", crb.RoleRef)
+	}
+	var out []string
+	for _, s := range crb.Subjects {
+		if s.Kind != rbacv1.ServiceAccountKind || s.Name != EgressServiceAccount {
+			return nil, fmt.Sprintf("subject %+v", s)
+		}
+		out = append(out, s.Namespace)
+	}
+	return out, ""
+}
+
+func ownerNames(sa *corev1.ServiceAccount) []string {
+	var out []string
+	for _, o := range sa.OwnerReferences {
+		if o.Kind == "Egress" && o.APIVersion == skeinv1.GroupVersion.String() && !ptr.Deref(o.Controller, false) {
+			out = append(out, o.Name)
+		}
+	}
+	return out
+}
+
+// One account per namespace, owned by each Egress there and removed with
+// the last; the binding lists the namespaces that have Egresses. An
+// account of the same name the controller did not make is used, never
+// changed or removed.
+func TestEgressServiceAccount(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	for _, ns := range []string{"second", "theirs"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	theirs := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "theirs", Name: EgressServiceAccount}}
+	if err := c.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	a, b := newEgress("a", "192.0.2.0/24"), newEgress("b", "198.51.100.0/24")
+	s := newEgress("s", "0.0.0.0/0")
+	s.Namespace = "second"
+	o := newEgress("o", "0.0.0.0/0")
+	o.Namespace = "theirs"
+	for _, eg := range []*skeinv1.Egress{a, b, s, o} {
+		if err := c.Create(ctx, eg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(wantOwners map[string][]string, wantNS []string) func() string {
+		return func() string {
+			for ns, want := range wantOwners {
+				sa, err := getSA(c, ns)
+				if want == nil {
+					if !apierrors.IsNotFound(err) {
+						return fmt.Sprintf("account in %s: %v, want none", ns, err)
+					}
+					continue
+				}
+				if err != nil {
+					return fmt.Sprintf("account in %s: %v", ns, err)
+				}
+				if got := ownerNames(sa); !slices.Equal(got, want) {
+					return fmt.Sprintf("account in %s owned by %v, want %v", ns, got, want)
+				}
+			}
+			got, msg := bindingNamespaces(c)
+			if msg != "" {
+				return msg
+			}
+			if !slices.Equal(got, wantNS) {
+				return fmt.Sprintf("binding's namespaces %v, want %v", got, wantNS)
+			}
+			return ""
+		}
+	}
+	eventually(t, "accounts and binding", state(map[string][]string{egressNS: {"a", "b"}, "second": {"s"}}, []string{egressNS, "second", "theirs"}))
+	sa, err := getSA(c, "theirs")
+	if err != nil || len(sa.OwnerReferences) != 0 || len(sa.Labels) != 0 {
+		t.Errorf("someone else's account was changed: %+v %v", sa, err)
+	}
+
+	// One of two Egresses goes: the account stays, with one owner.
+	if err := c.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "first of two deleted", state(map[string][]string{egressNS: {"b"}, "second": {"s"}}, []string{egressNS, "second", "theirs"}))
+	// The last goes: so do the account and the namespace's subject.
+	if err := c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "last deleted", state(map[string][]string{egressNS: nil, "second": {"s"}}, []string{"second", "theirs"}))
+	// Someone else's account stays when its namespace's Egress goes.
+	if err := c.Delete(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "theirs deleted", state(map[string][]string{"second": {"s"}}, []string{"second"}))
+	if _, err := getSA(c, "theirs"); err != nil {
+		t.Errorf("someone else's account: %v", err)
+	}
+	// An account deleted behind the controller's back comes back with
+	// the next reconcile of an Egress there.
+	sa, err = getSA(c, "second")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	updateEgress(t, c, s, func(eg *skeinv1.Egress) { eg.Spec.Destinations = []string{"203.0.113.0/24"} })
+	eventually(t, "account restored", state(map[string][]string{"second": {"s"}}, []string{"second"}))
+	if err := c.Delete(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "no Egress left", state(map[string][]string{"second": nil}, nil))
+}
+
+// An API server that refuses privileged pods refuses the router
+// Deployment (an event says so), but the Service, which clients resolve,
+// and the routers' account are made all the same.
+func TestEgressServiceWithoutRouters(t *testing.T) {
+	env := kube.Start(t, kube.Options{}) // --allow-privileged=false
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, Options{})
+	eg := newEgress("noroute", "0.0.0.0/0")
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "service, account and a refused deployment", func() string {
+		svc := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "noroute"}, svc); err != nil {
+			return "service: " + err.Error()
+		}
+		if _, err := getSA(c, egressNS); err != nil {
+			return "account: " + err.Error()
+		}
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(egressNS)); err != nil {
+			return err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.UID == eg.UID && e.Reason == ReasonEgressDeploymentFailed && strings.Contains(e.Note, "privileged") {
+				return ""
+			}
+		}
+		return fmt.Sprintf("no DeploymentFailed event naming privileged among %d", len(evs.Items))
+	})
+	if _, msg := getDeployment(t, c, "noroute"); msg == "" {
+		t.Error("a privileged deployment was made where the API server refuses them")
+	}
+}

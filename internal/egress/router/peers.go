@@ -1,0 +1,119 @@
+package router
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+)
+
+// Uses reports whether pod's annotation egress.skein.dev/<namespace>
+// lists name (comma separated, spaces around names ignored).
+func Uses(pod *corev1.Pod, namespace, name string) bool {
+	v, ok := pod.Annotations[skeinv1.AnnotationEgressPrefix+namespace]
+	if !ok {
+		return false
+	}
+	for _, n := range strings.Split(v, ",") {
+		if strings.TrimSpace(n) == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ClientAddrs returns the addresses to tunnel to for pod, sorted, or nil
+// when pod is not a client of Egress namespace/name: it does not use it,
+// runs on the host's network (its addresses are the node's), has
+// finished (its addresses may already be someone else's), or has no
+// addresses yet. Unparsable entries of status.podIPs are skipped.
+func ClientAddrs(pod *corev1.Pod, namespace, name string) []netip.Addr {
+	if !Uses(pod, namespace, name) || pod.Spec.HostNetwork {
+		return nil
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return nil
+	}
+	var out []netip.Addr
+	for _, ip := range pod.Status.PodIPs {
+		a, err := netip.ParseAddr(ip.IP)
+		if err != nil || !a.IsValid() {
+			continue
+		}
+		out = append(out, a.Unmap())
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// Strip returns the part of pod ClientAddrs reads (and its identity), for
+// the informer's transform: a router watches every pod of the cluster,
+// and keeps only this of each.
+func Strip(pod *corev1.Pod, namespace string) *corev1.Pod {
+	out := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+		},
+		Spec:   corev1.PodSpec{HostNetwork: pod.Spec.HostNetwork},
+		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIPs: pod.Status.PodIPs},
+	}
+	key := skeinv1.AnnotationEgressPrefix + namespace
+	if v, ok := pod.Annotations[key]; ok {
+		out.Annotations = map[string]string{key: v}
+	}
+	return out
+}
+
+// peerSet is the client addresses of each pod, kept from informer events.
+type peerSet struct {
+	namespace, name string
+
+	mu    sync.Mutex
+	byPod map[types.UID][]netip.Addr
+}
+
+func newPeerSet(namespace, name string) *peerSet {
+	return &peerSet{namespace: namespace, name: name, byPod: map[types.UID][]netip.Addr{}}
+}
+
+// update records pod's addresses and reports whether they changed.
+func (s *peerSet) update(pod *corev1.Pod) bool {
+	addrs := ClientAddrs(pod, s.namespace, s.name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, had := s.byPod[pod.UID]
+	if len(addrs) == 0 {
+		delete(s.byPod, pod.UID)
+		return had
+	}
+	s.byPod[pod.UID] = addrs
+	return !had || !slices.Equal(old, addrs)
+}
+
+// remove forgets pod and reports whether it had addresses.
+func (s *peerSet) remove(uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, had := s.byPod[uid]
+	delete(s.byPod, uid)
+	return had
+}
+
+// snapshot returns every client address, sorted and without duplicates
+// (two pods may briefly hold one address while one is torn down), and
+// the number of client pods.
+func (s *peerSet) snapshot() (addrs []netip.Addr, pods int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.byPod {
+		addrs = append(addrs, a...)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return slices.Compact(addrs), len(s.byPod)
+}

@@ -1,0 +1,375 @@
+// Package podegress is the client side of egress NAT in skeind's
+// Kubernetes mode: it decides which gateways (Egresses) each pod of this
+// node sends through, from the pod's egress.skein.dev/<namespace>
+// annotations, the Egresses and their Services, and keeps the pod's
+// network namespace converged to that through an Applier (the egress data
+// plane, egress.ApplyClient).
+//
+// A pod gets its tunnels during its CNI ADD (Client.Added, a
+// daemon.PodHook): a gateway that cannot be resolved fails the ADD, so a
+// pod never starts sending directly what should have gone through NAT.
+// Afterwards a watch of this node's pods, of Egresses and of their
+// Services re-applies on every change that matters to a pod (coalesced,
+// one pod at a time, serialised with its ADD and DEL); there a gateway
+// that went missing is reported as a Warning event on the Pod and the
+// others stay applied. DEL removes the tunnels, best effort.
+//
+// Everything an ADD reads comes from informer caches: a pod without the
+// annotation costs a cache lookup and no API request (unless the cache has
+// not seen the pod yet, when it is read once from the API).
+package podegress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/daemon"
+	"github.com/skeinnet/skein/internal/egress"
+	"github.com/skeinnet/skein/internal/keylock"
+	"github.com/skeinnet/skein/internal/store"
+)
+
+// Reasons of the Warning events recorded on Pods.
+const (
+	// ReasonEgressNotFound: an Egress the pod names, or its Service or
+	// the Service's ClusterIP, does not exist.
+	ReasonEgressNotFound = "EgressNotFound"
+	// ReasonEgressFailed: the tunnels could not be set up in the pod.
+	ReasonEgressFailed = "EgressFailed"
+)
+
+// Applier converges a pod's network namespace (a path such as
+// /var/run/netns/x) to cfg: the zero config removes everything. It must
+// be idempotent and leave the namespace as it was on error
+// (egress.ApplyClient's contract). Calls for one pod never overlap; calls
+// for different pods may.
+type Applier interface {
+	Apply(netnsPath string, cfg egress.ClientConfig) error
+}
+
+// ApplierFunc adapts a function (egress.ApplyClient) to Applier.
+type ApplierFunc func(netnsPath string, cfg egress.ClientConfig) error
+
+// Apply calls f.
+func (f ApplierFunc) Apply(netnsPath string, cfg egress.ClientConfig) error { return f(netnsPath, cfg) }
+
+// Eventer records Warning events on an object (routing.NodeEvents).
+type Eventer interface {
+	Warning(obj runtime.Object, reason, message string)
+}
+
+// Options configures New. Config, Node and Applier are required.
+type Options struct {
+	// Config reaches the API server.
+	Config *rest.Config
+	// Node is this node's name: its pods are those with spec.nodeName
+	// equal to it.
+	Node string
+	// Applier programs pods' namespaces.
+	Applier Applier
+	// Events records Warning events on Pods; nil = none.
+	Events Eventer
+	// Attachments lists the node's attachments, so that pods attached
+	// before skeind started are found again (by their addresses); nil =
+	// they are not followed until their next ADD.
+	Attachments func(ctx context.Context) ([]store.Attachment, error)
+	// Logger; nil = slog.Default().
+	Logger *slog.Logger
+	// SyncTimeout bounds the wait for the informer caches in New; 0 =
+	// one minute.
+	SyncTimeout time.Duration
+}
+
+// Client keeps this node's pods' egress tunnels. Its methods are safe for
+// concurrent use.
+type Client struct {
+	o      Options
+	log    *slog.Logger
+	cache  cache.Cache
+	api    client.Reader
+	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	locks  keylock.Locks
+	stop   context.CancelFunc
+	done   chan struct{}
+	closed sync.Once
+
+	mu   sync.Mutex
+	pods map[types.NamespacedName]*podState
+	m    *metrics
+}
+
+// podState is what the Client knows of one pod attached on this node.
+type podState struct {
+	containerID string
+	netns       string
+	// applied is the configuration the namespace has; known is false
+	// for a pod found again after a restart until it is first applied.
+	applied egress.ClientConfig
+	known   bool
+	// problem is the last Warning recorded, not repeated while it stays.
+	problem string
+	// gateways is len(applied.Gateways), guarded by Client.mu (metrics).
+	gateways int
+}
+
+var _ daemon.PodHook = (*Client)(nil)
+
+// Scheme knows the kinds the Client reads.
+var Scheme = runtime.NewScheme()
+
+func init() {
+	utilruntime.Must(clientgoscheme.AddToScheme(Scheme))
+	utilruntime.Must(skeinv1.AddToScheme(Scheme))
+}
+
+// New starts informers for this node's pods, the Egresses and their
+// Services (those labelled egress.skein.dev/name), waits until they have
+// synced, and starts following the pods. Close stops it.
+func New(ctx context.Context, o Options) (_ *Client, err error) {
+	if o.Config == nil || o.Node == "" || o.Applier == nil {
+		return nil, errors.New("podegress: Config, Node and Applier are required")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.SyncTimeout == 0 {
+		o.SyncTimeout = time.Minute
+	}
+	api, err := client.New(o.Config, client.Options{Scheme: Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	labelled, err := labels.NewRequirement(skeinv1.LabelEgress, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	c, err := cache.New(o.Config, cache.Options{
+		Scheme:           Scheme,
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:     {Field: fields.OneTermEqualSelector("spec.nodeName", o.Node), Transform: slimPod},
+			&corev1.Service{}: {Label: labels.NewSelector().Add(*labelled)},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes cache: %w", err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	cl := &Client{
+		o: o, log: o.Logger, cache: c, api: api, stop: stop, done: make(chan struct{}),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "egress-pods"}),
+		pods: map[types.NamespacedName]*podState{},
+	}
+	cl.m = newMetrics(cl)
+	defer func() {
+		if err != nil {
+			stop()
+			cl.queue.ShutDown()
+		}
+	}()
+	if err := cl.watch(runCtx); err != nil {
+		return nil, err
+	}
+	go c.Start(runCtx) //nolint:errcheck // ends with runCtx
+	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
+	defer cancel()
+	if !c.WaitForCacheSync(syncCtx) {
+		return nil, fmt.Errorf("egress: kubernetes caches of %s did not sync within %v (may this node list and watch Pods, Services and Egresses?)", o.Config.Host, o.SyncTimeout)
+	}
+	go cl.run(runCtx)
+	return cl, nil
+}
+
+// Close stops following pods; the tunnels stay.
+func (c *Client) Close() {
+	c.closed.Do(func() {
+		c.stop()
+		c.queue.ShutDown()
+		<-c.done
+	})
+}
+
+// Added sets up the tunnels of a pod just attached: it reads the Pod
+// (cache, else the API), resolves every Egress it names and applies. A
+// gateway that cannot be resolved, or a failed Apply, is an error (with a
+// Warning event on the Pod) and leaves nothing in the namespace; an
+// unresolved gateway is CNI code 11 (try again later: it may appear). A
+// pod naming no Egress, or without a Pod object, needs no Apply.
+func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
+	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+	defer c.locks.Lock(key.String())()
+	st := &podState{containerID: ref.ContainerID, netns: ref.NetNS, known: true}
+	pod, err := c.getPod(ctx, key)
+	if apierrors.IsNotFound(err) {
+		c.remember(key, st) // not a Kubernetes pod after all: nothing to do
+		return nil
+	}
+	if err != nil { // the API unreachable: transient too
+		return cnitypes.NewError(cnitypes.ErrTryAgainLater, fmt.Sprintf("egress of pod %s: read the Pod: %v", key, err), "")
+	}
+	cfg, problems := c.desired(ctx, pod)
+	if len(problems) > 0 {
+		// Code 11: the runtime retries, and the gateway may appear.
+		msg := fmt.Sprintf("egress of pod %s: %v", key, errors.Join(problems...))
+		c.warn(pod, ReasonEgressNotFound, msg)
+		return cnitypes.NewError(cnitypes.ErrTryAgainLater, msg, "")
+	}
+	if len(cfg.Gateways) > 0 {
+		if err := c.apply(ref.NetNS, cfg); err != nil {
+			err = fmt.Errorf("egress of pod %s: %w", key, err)
+			c.warn(pod, ReasonEgressFailed, err.Error())
+			return err
+		}
+		st.applied, st.gateways = cfg, len(cfg.Gateways)
+	}
+	c.remember(key, st)
+	return nil
+}
+
+// Deleting removes the pod's tunnels (best effort, when its namespace is
+// still there and it may have any) and runs detach, holding the pod's
+// lock so that no re-apply runs in between.
+func (c *Client) Deleting(ctx context.Context, ref daemon.PodRef, detach func() error) error {
+	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+	defer c.locks.Lock(key.String())()
+	c.mu.Lock()
+	st := c.pods[key]
+	c.mu.Unlock()
+	mine := st == nil || st.containerID == ref.ContainerID
+	if mine && ref.NetNS != "" && (st == nil || !st.known || len(st.applied.Gateways) > 0) {
+		if err := c.apply(ref.NetNS, egress.ClientConfig{}); err != nil {
+			c.log.Warn("egress: remove the tunnels of a deleted pod (its namespace goes with it)", "pod", key, "err", err)
+		}
+	}
+	if err := detach(); err != nil {
+		return err
+	}
+	if mine {
+		c.forget(key, ref.ContainerID)
+	}
+	return nil
+}
+
+func (c *Client) remember(key types.NamespacedName, st *podState) {
+	c.mu.Lock()
+	c.pods[key] = st
+	c.mu.Unlock()
+}
+
+// forget drops the pod's state if it is still container id's ("" = any).
+func (c *Client) forget(key types.NamespacedName, id string) {
+	c.mu.Lock()
+	if st := c.pods[key]; st != nil && (id == "" || st.containerID == id) {
+		delete(c.pods, key)
+	}
+	c.mu.Unlock()
+}
+
+// getPod reads the Pod from the cache, or from the API when the cache has
+// not seen it yet (a pod scheduled a moment ago).
+func (c *Client) getPod(ctx context.Context, key types.NamespacedName) (*corev1.Pod, error) {
+	pod := &corev1.Pod{}
+	err := c.cache.Get(ctx, key, pod)
+	if apierrors.IsNotFound(err) {
+		err = c.api.Get(ctx, key, pod)
+	}
+	return pod, err
+}
+
+// desired is the configuration of the pod's annotations; problems name
+// each gateway that cannot be resolved (left out of the configuration).
+func (c *Client) desired(ctx context.Context, pod *corev1.Pod) (cfg egress.ClientConfig, problems []error) {
+	for _, k := range Wanted(pod.Annotations) {
+		eg := &skeinv1.Egress{}
+		if err := c.cache.Get(ctx, k, eg); err != nil {
+			if apierrors.IsNotFound(err) {
+				err = fmt.Errorf("Egress %s not found", k)
+			}
+			problems = append(problems, err)
+			continue
+		}
+		if eg.DeletionTimestamp != nil {
+			problems = append(problems, fmt.Errorf("Egress %s is being deleted", k))
+			continue
+		}
+		svc := &corev1.Service{}
+		if err := c.cache.Get(ctx, k, svc); err != nil {
+			if apierrors.IsNotFound(err) {
+				err = fmt.Errorf("Service %s of Egress %s not found (skein-controller makes it)", k, k)
+			}
+			problems = append(problems, err)
+			continue
+		}
+		gw, err := GatewayOf(eg, svc)
+		if err != nil {
+			problems = append(problems, err)
+			continue
+		}
+		cfg.Gateways = append(cfg.Gateways, gw)
+	}
+	return cfg, problems
+}
+
+// apply calls the Applier, logging how long it took.
+func (c *Client) apply(netnsPath string, cfg egress.ClientConfig) error {
+	start := time.Now()
+	err := c.o.Applier.Apply(netnsPath, cfg)
+	c.m.observe(time.Since(start), err)
+	c.log.Debug("egress: applied", "netns", netnsPath, "gateways", len(cfg.Gateways), "took", time.Since(start), "err", err)
+	if err != nil {
+		return fmt.Errorf("apply %d gateway(s) in %s: %w", len(cfg.Gateways), netnsPath, err)
+	}
+	return nil
+}
+
+// slimPod keeps of a cached Pod what the Client reads: its identity (for
+// events), its egress annotations, hostNetwork and its addresses.
+func slimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Pod{}
+	slim.Namespace, slim.Name, slim.UID, slim.ResourceVersion = p.Namespace, p.Name, p.UID, p.ResourceVersion
+	slim.DeletionTimestamp = p.DeletionTimestamp
+	for k, v := range p.Annotations {
+		if strings.HasPrefix(k, skeinv1.AnnotationEgressPrefix) {
+			if slim.Annotations == nil {
+				slim.Annotations = map[string]string{}
+			}
+			slim.Annotations[k] = v
+		}
+	}
+	slim.Spec.NodeName, slim.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
+	slim.Status.PodIPs = p.Status.PodIPs
+	return slim, nil
+}
+
+func (c *Client) warn(pod *corev1.Pod, reason, msg string) {
+	if c.o.Events != nil {
+		c.o.Events.Warning(pod, reason, msg)
+	}
+}
