@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-routing bench-kurma fuzz
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-routing bench-kurma bench-egress fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -94,6 +94,13 @@ KURMA_BENCHTIME ?= 30x
 bench-kurma: deps build
 	mkdir -p $(BENCH_OUT)
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench Kurma -benchtime $(KURMA_BENCHTIME) ./test/kurma/ | tee $(BENCH_OUT)/kurma.txt
+
+# Egress (FoU gateway) inside the qemu guest: gateway vs direct TCP
+# throughput and round trips, ApplyClient time; $(BENCH_OUT)/egress.txt
+# (docs/benchmarks/egress.md). Root.
+bench-egress: deps
+	mkdir -p $(BENCH_OUT)
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkEgressInGuest$$' -benchtime 1x -timeout 15m ./internal/egress/ | tee $(BENCH_OUT)/egress.txt
 
 # The same in under two minutes: fewer operations, nodes of 10 and 1,000.
 bench-quick: deps build

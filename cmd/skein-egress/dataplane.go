@@ -1,44 +1,34 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/skeinnet/skein/internal/egress"
 	"github.com/skeinnet/skein/internal/egress/router"
 	"github.com/skeinnet/skein/internal/netns"
 )
 
-// errNoDataplane: this build has no data plane library to open.
-var errNoDataplane = errors.New("the egress data plane (internal/egress.NewRouter) is not built into this skein-egress")
-
 // openDataplane opens internal/egress's Router in the configured
 // namespace (it also sets the sysctls a router needs there: forwarding
-// on, rp_filter off).
-//
-// The library (internal/egress: NewRouter, RouterConfig, RouterStats) is
-// written on another branch; until it is merged this refuses. Wiring it
-// (DataplaneConfig has RouterConfig's fields, so one converts):
-//
-//	r, err := egress.NewRouter(egress.RouterConfig(cfg))
-//	if err != nil {
-//		return nil, err
-//	}
-//	return routerAdapter{r}, nil
-//
-// with
-//
-//	type routerAdapter struct{ *egress.Router }
-//
-//	func (a routerAdapter) Stats() (router.Stats, error) {
-//		s, err := a.Router.Stats()
-//		return router.Stats{Tunnels: s.Tunnels, Peers: s.Peers, ConntrackEntries: s.ConntrackEntries,
-//			Packets: s.Packets, Bytes: s.Bytes, NATConnections: s.NATConnections}, err
-//	}
+// on, rp_filter off). DataplaneConfig has RouterConfig's fields.
 func openDataplane(cfg router.DataplaneConfig) (router.Dataplane, error) {
-	return nil, errNoDataplane
+	r, err := egress.NewRouter(egress.RouterConfig(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return routerAdapter{r}, nil
+}
+
+// routerAdapter gives the Router's statistics the agent's type.
+type routerAdapter struct{ *egress.Router }
+
+func (a routerAdapter) Stats() (router.Stats, error) {
+	s, err := a.Router.Stats()
+	return router.Stats{Tunnels: s.Tunnels, Peers: s.Peers, ConntrackEntries: s.ConntrackEntries,
+		Packets: s.Packets, Bytes: s.Bytes, NATConnections: s.NATConnections}, err
 }
 
 // interfaceAddrs returns the global unicast addresses of dev in the

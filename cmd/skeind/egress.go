@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 
 	"k8s.io/client-go/rest"
@@ -13,18 +12,10 @@ import (
 	"github.com/skeinnet/skein/internal/routing"
 )
 
-// errNoEgressDataplane: this build has no egress data plane yet.
-var errNoEgressDataplane = errors.New("the egress data plane (Foo-over-UDP tunnels) is not built into this skeind")
-
-// applyEgress is the kernel side of pods' egress tunnels. It becomes
-// egress.ApplyClient once the data plane is merged (a one-line change);
-// until then, pods naming an Egress fail their ADD with a clear error and
-// pods naming none are unaffected.
+// applyEgress is the kernel side of pods' egress tunnels: the data plane
+// library's ApplyClient (the zero config removes what it made).
 func applyEgress(netnsPath string, cfg egress.ClientConfig) error {
-	if len(cfg.Gateways) == 0 {
-		return nil // nothing was ever made
-	}
-	return errNoEgressDataplane
+	return egress.ApplyClient(netnsPath, cfg)
 }
 
 // startEgress follows the egress annotations of this node's pods

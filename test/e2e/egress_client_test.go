@@ -16,9 +16,7 @@ import (
 
 // TestKubeEgressAddFails: the real skeind binary, with its real egress
 // data plane, cannot give a pod its tunnel on this host (its kernel has no
-// fou, ipip or ip6tnl; the data plane itself is tested in a qemu guest;
-// until skeind's applyEgress calls egress.ApplyClient, the error is that
-// the data plane is not built in):
+// fou, ipip or ip6tnl; the data plane itself is tested in a qemu guest):
 // the ADD of a pod naming an Egress fails with an error naming the pod,
 // and leaves nothing: the node's links, routes and rules, the pod
 // namespace, the attachments and the addresses are as before. A pod

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -42,6 +43,12 @@ func Snapshot(t testing.TB, ns *NS) State {
 	h := ns.Handle(t)
 	settle(t, ns, h)
 	st, err := readState(h)
+	// A dump that raced a change (the kernel flags it, the library
+	// returns ErrDumpInterrupted) is read again.
+	for i := 0; i < 5 && errors.Is(err, netlink.ErrDumpInterrupted); i++ {
+		time.Sleep(10 * time.Millisecond)
+		st, err = readState(h)
+	}
 	if err != nil {
 		t.Fatalf("snapshot %s: %v", ns.name, err)
 	}

@@ -1,0 +1,44 @@
+package egress
+
+// # What each side makes
+//
+// In a client pod (ApplyClient): FoU receive ports (UDP Port: IPIP for
+// IPv4, IPv6-in-IPv6 for IPv6); per gateway and family a tunnel
+// "egr4-"/"egr6-" + 8 hex digits of a hash of "<namespace>/<name>",
+// remote the Service's ClusterIP, local the pod's address; the flow-based
+// "egr4-flow"/"egr6-flow" when a gateway picks source ports per flow; the
+// seed's policy rules (PrioLinkLocal .. PrioWide); routes in TableNarrow
+// and TableWide. In a router pod (Router): the FoU ports, one tunnel
+// "egc4-"/"egc6-" + hash of the client address per client, its /32
+// (/128) route in RouterTable with the rule "iif <OutInterface> lookup
+// RouterTable" at RouterRulePrio, and the nftables table NFTable (a
+// forward chain with counters, a postrouting masquerade). Every device
+// carries the alias "skein-egress:..." that marks it as this package's;
+// nothing without it is touched.
+//
+// # Session persistence
+//
+// kube-proxy picks a router per conntrack entry of the outer UDP flow,
+// and that entry, not the inner connection, decides where traffic goes:
+//
+//   - Fixed source port (the default, as the seed): every packet of a
+//     pod goes out as podIP:Port -> ClusterIP:Port, one conntrack entry,
+//     so all of the pod's egress flows use one router for as long as that
+//     entry lives. UDP entries expire after nf_conntrack_udp_timeout_stream
+//     (120 s by default) without packets, and each packet refreshes
+//     them, so a pod that keeps talking stays on its router
+//     indefinitely; the Service's ClientIP affinity (10800 s by default)
+//     pins it further. The reply path needs this: the router answers
+//     from routerIP:Port, which the node's conntrack turns back into the
+//     ClusterIP the pod's tunnel expects.
+//   - Source port per flow (SourcePortAuto): each inner flow hashes to
+//     its own outer source port and gets its own conntrack entry, so
+//     flows spread over the routers (unless ClientIP affinity, which
+//     pins by pod address anyway). Replies come from the router's own
+//     address and land on the flow-based device.
+//
+// When a router goes away its endpoint leaves the Service and kube-proxy
+// flushes the UDP conntrack entries that point to it: the pod's next
+// packet picks another router. Connections that were NAT'd by the old
+// router cannot survive (their NAT state lived there); new ones work at
+// once (the guest tests check this).

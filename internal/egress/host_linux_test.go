@@ -1,0 +1,83 @@
+package egress
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/skeinnet/skein/test/harness"
+)
+
+// podNS is a namespace with an address and a default route, as a pod has
+// after its ADD (enough for ApplyClient to pick a tunnel's local address).
+func podNS(t *testing.T) *harness.NS {
+	t.Helper()
+	pod := harness.NewNS(t, "egpod")
+	peer := harness.NewNS(t, "egnode")
+	pod.AddVeth(t, harness.Veth{Name: "eth0", PeerName: "vpod", Peer: peer})
+	pod.AddAddr(t, "eth0", netip.MustParsePrefix("10.100.0.10/24"))
+	if out, err := pod.Exec(t, "ip", "route", "add", "default", "via", "10.100.0.1"); err != nil {
+		t.Fatalf("default route: %v\n%s", err, out)
+	}
+	return pod
+}
+
+var oneGateway = ClientConfig{Gateways: []Gateway{{
+	Namespace: "default", Name: "egress",
+	ServiceIPs:   []netip.Addr{netip.MustParseAddr("10.96.0.50")},
+	Destinations: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")},
+}}}
+
+// TestApplyClientWithoutFoU is the real failure path of a kernel without
+// fou (this host's): a clear error naming the module, and the namespace
+// exactly as before.
+func TestApplyClientWithoutFoU(t *testing.T) {
+	harness.RequireRoot(t)
+	if requireFoU() == nil {
+		t.Skip("skipping: this kernel has fou; the failure path needs one without (the guest tests cover the kernel that has it)")
+	}
+	pod := podNS(t)
+	before := harness.Snapshot(t, pod)
+	err := ApplyClient(pod.Path(), oneGateway)
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "fou module not available") {
+		t.Fatalf("ApplyClient on a kernel without fou: err = %v, want ErrNotSupported naming fou", err)
+	}
+	t.Logf("the error: %v", err)
+	harness.AssertSame(t, before, harness.Snapshot(t, pod))
+	st, err := ClientState(pod.Path())
+	if err != nil || !st.Empty() {
+		t.Errorf("ClientState after the failure = %+v, %v; want empty", st, err)
+	}
+	// The zero config needs no module: removing nothing succeeds.
+	if err := ApplyClient(pod.Path(), ClientConfig{}); err != nil {
+		t.Errorf("zero config without fou: %v", err)
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, pod))
+
+	_, err = NewRouter(RouterConfig{NetNS: pod.Path(), Local4: netip.MustParseAddr("10.100.0.10")})
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "fou module not available") {
+		t.Fatalf("NewRouter on a kernel without fou: err = %v, want ErrNotSupported naming fou", err)
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, pod))
+}
+
+// TestApplyClientBadInput: invalid configurations change nothing, on any
+// kernel (validation comes before the first change).
+func TestApplyClientBadInput(t *testing.T) {
+	pod := podNS(t)
+	before := harness.Snapshot(t, pod)
+	mix := ClientConfig{Gateways: []Gateway{{Namespace: "a", Name: "b",
+		ServiceIPs:   []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("10.96.0.2")},
+		Destinations: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}}}
+	if err := ApplyClient(pod.Path(), mix); !errors.Is(err, ErrInvalid) {
+		t.Errorf("two IPv4 service IPs: err = %v, want ErrInvalid", err)
+	}
+	if err := ApplyClient(pod.Path()+"-missing", oneGateway); err == nil {
+		t.Errorf("a missing namespace: no error")
+	}
+	if _, err := NewRouter(RouterConfig{NetNS: pod.Path()}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("router without a local address: err = %v, want ErrInvalid", err)
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, pod))
+}

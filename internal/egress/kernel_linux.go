@@ -1,0 +1,387 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// openHandle returns a netlink handle whose sockets (route, generic for
+// FoU, and netfilter for conntrack when asked) live in the namespace at
+// path. Every family must have its socket in the handle: for a protocol
+// it lacks, the library would open a socket in whatever namespace the
+// calling thread happens to be in.
+func openHandle(path string, conntrack bool) (*netlink.Handle, error) {
+	h, _, err := openHandleSysctls(path, conntrack, nil)
+	return h, err
+}
+
+// openHandleSysctls is openHandle that also sets sysctls (see
+// swapSysctls) in the same namespace switch, returning their old values.
+func openHandleSysctls(path string, conntrack bool, kv [][2]string) (*netlink.Handle, [][2]string, error) {
+	protos := []int{unix.NETLINK_ROUTE, unix.NETLINK_GENERIC}
+	if conntrack {
+		protos = append(protos, unix.NETLINK_NETFILTER)
+	}
+	var h *netlink.Handle
+	var old [][2]string
+	err := netns.Do(path, func() error {
+		var err error
+		if h, err = netlink.NewHandle(protos...); err != nil {
+			return err
+		}
+		if old, err = swapHere(kv); err != nil {
+			_, _ = swapHere(old)
+			h.Close()
+			h = nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("netlink handle in %q: %w", path, err)
+	}
+	return h, old, nil
+}
+
+var fouMu sync.Mutex
+
+// requireFoU fails with ErrNotSupported when the kernel has no fou
+// module (its generic netlink family is global, so asking in any
+// namespace answers for all).
+//
+// The library caches the family's ID in a package variable without a
+// lock; asking under fouMu, before any other FoU call, keeps concurrent
+// first calls (skeind attaching pods in parallel) from racing on it.
+func requireFoU() error {
+	fouMu.Lock()
+	defer fouMu.Unlock()
+	if _, err := netlink.FouFamilyId(); err != nil {
+		return fmt.Errorf("fou module not available (generic netlink family %q: %v): %w", netlink.FOU_GENL_NAME, err, ErrNotSupported)
+	}
+	return nil
+}
+
+// unsupported turns the kernel's answer to a tunnel of an unknown kind
+// into ErrNotSupported naming the module.
+func unsupported(err error, t tunnel) error {
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EAFNOSUPPORT) {
+		mod := "ipip"
+		if t.v6 {
+			mod = "ip6_tunnel"
+		}
+		return fmt.Errorf("%s module not available (create %s: %v): %w", mod, t.name, err, ErrNotSupported)
+	}
+	return err
+}
+
+func ipOf(a netip.Addr) net.IP {
+	if !a.IsValid() {
+		return nil
+	}
+	return net.IP(a.AsSlice())
+}
+
+func addrOf(ip net.IP) netip.Addr {
+	if ip == nil {
+		return netip.Addr{}
+	}
+	if v4 := ip.To4(); v4 != nil {
+		a, _ := netip.AddrFromSlice(v4)
+		return a
+	}
+	a, _ := netip.AddrFromSlice(ip)
+	return a
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	if !p.IsValid() {
+		return nil
+	}
+	return &net.IPNet{IP: ipOf(p.Addr()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func prefixOf(n *net.IPNet, v6 bool) netip.Prefix {
+	if n == nil {
+		if v6 {
+			return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(addrOf(n.IP), ones)
+}
+
+// ip6tnlIgnEncapLimit is IP6_TNL_F_IGN_ENCAP_LIMIT: no tunnel encapsulation
+// limit option, whose extension header the FoU receiver would not expect
+// in front of the inner packet.
+const ip6tnlIgnEncapLimit = 0x1
+
+// link builds the netlink object of t (created up).
+func (t tunnel) link() netlink.Link {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = t.name
+	attrs.Alias = t.alias
+	attrs.Flags = net.FlagUp
+	if t.flow {
+		if t.v6 {
+			return &netlink.Ip6tnl{LinkAttrs: attrs, FlowBased: true}
+		}
+		return &netlink.Iptun{LinkAttrs: attrs, FlowBased: true}
+	}
+	if t.v6 {
+		return &netlink.Ip6tnl{
+			LinkAttrs: attrs, Local: ipOf(t.local), Remote: ipOf(t.remote),
+			Ttl: 64, Proto: unix.IPPROTO_IPV6, Flags: ip6tnlIgnEncapLimit,
+			EncapType: netlink.FOU_ENCAP_DIRECT, EncapSport: t.sport, EncapDport: t.dport,
+		}
+	}
+	return &netlink.Iptun{
+		LinkAttrs: attrs, Local: ipOf(t.local), Remote: ipOf(t.remote),
+		Ttl: 64, PMtuDisc: 1,
+		EncapType: netlink.FOU_ENCAP_DIRECT, EncapSport: t.sport, EncapDport: t.dport,
+	}
+}
+
+// tunnelOf reads a link back as a tunnel of ours; ok is false when the
+// link is not one (another kind, or without our alias tag).
+func tunnelOf(l netlink.Link) (t tunnel, ok bool) {
+	a := l.Attrs()
+	if !strings.HasPrefix(a.Alias, aliasPrefix) {
+		return tunnel{}, false
+	}
+	t.name, t.alias = a.Name, a.Alias
+	switch x := l.(type) {
+	case *netlink.Iptun:
+		t.flow = x.FlowBased
+		t.remote, t.local = addrOf(x.Remote), addrOf(x.Local)
+		t.sport, t.dport = x.EncapSport, x.EncapDport
+	case *netlink.Ip6tnl:
+		t.v6 = true
+		t.flow = x.FlowBased
+		t.remote, t.local = addrOf(x.Remote), addrOf(x.Local)
+		t.sport, t.dport = x.EncapSport, x.EncapDport
+	default:
+		return tunnel{}, false
+	}
+	if t.flow {
+		t.remote, t.local, t.sport, t.dport = netip.Addr{}, netip.Addr{}, 0, 0
+	}
+	return t, true
+}
+
+// isOurName reports whether name has one of the prefixes given.
+func isOurName(name string, prefixes ...string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// tunnels is what listTunnels found.
+type tunnels struct {
+	ours    map[string]tunnel
+	foreign map[string]bool // our names on links that are not ours
+	index   map[int]string  // link index -> name, of ours
+}
+
+// listTunnels returns our tunnels among the links whose names carry one of
+// prefixes, and the names of foreign links among them.
+func listTunnels(h *netlink.Handle, prefixes ...string) (tunnels, error) {
+	links, err := h.LinkList()
+	if err != nil {
+		return tunnels{}, fmt.Errorf("list links: %w", err)
+	}
+	ts := tunnels{ours: map[string]tunnel{}, foreign: map[string]bool{}, index: map[int]string{}}
+	for _, l := range links {
+		name := l.Attrs().Name
+		if !isOurName(name, prefixes...) {
+			continue
+		}
+		if t, ok := tunnelOf(l); ok {
+			ts.ours[name] = t
+			ts.index[l.Attrs().Index] = name
+		} else {
+			ts.foreign[name] = true
+		}
+	}
+	return ts, nil
+}
+
+func nlFamily(v6 bool) int {
+	if v6 {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
+
+func (r rule) nl() *netlink.Rule {
+	x := netlink.NewRule()
+	x.Priority = r.prio
+	x.Family = nlFamily(r.v6)
+	x.Table = r.table
+	x.Dst = ipNet(r.dst)
+	x.IifName = r.iif
+	return x
+}
+
+// findRules returns which of want exist in the namespace (exactly: same
+// priority, family, table, destination and input interface, nothing else).
+func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
+	have := map[rule]bool{}
+	rs, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list rules: %w", err)
+	}
+	for _, x := range rs {
+		if x.Src != nil || x.Mark != 0 || x.Invert || x.OifName != "" || x.Goto > 0 {
+			continue
+		}
+		v6 := x.Family == netlink.FAMILY_V6
+		var dst netip.Prefix
+		if x.Dst != nil {
+			dst = prefixOf(x.Dst, v6)
+		}
+		r := rule{prio: x.Priority, v6: v6, dst: dst, iif: x.IifName, table: x.Table}
+		for _, w := range want {
+			if w == r {
+				have[r] = true
+			}
+		}
+	}
+	return have, nil
+}
+
+// listRoutes returns the routes of tables whose device is one of devs
+// (by index), both families, in one dump.
+func listRoutes(h *netlink.Handle, tables []int, devs map[int]string) ([]route, error) {
+	rs, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	var out []route
+	for _, x := range rs {
+		dev, ok := devs[x.LinkIndex]
+		if !ok || !slices.Contains(tables, x.Table) {
+			continue
+		}
+		out = append(out, route{table: x.Table, dst: prefixOf(x.Dst, x.Family == netlink.FAMILY_V6), dev: dev})
+	}
+	return out, nil
+}
+
+func (r route) nl(h *netlink.Handle) (*netlink.Route, error) {
+	return r.nlAt(h, 0)
+}
+
+// nlAt is nl with the device's index known (0: look it up by name).
+func (r route) nlAt(h *netlink.Handle, index int) (*netlink.Route, error) {
+	if index == 0 {
+		l, err := h.LinkByName(r.dev)
+		if err != nil {
+			return nil, fmt.Errorf("find %s: %w", r.dev, err)
+		}
+		index = l.Attrs().Index
+	}
+	return &netlink.Route{
+		LinkIndex: index, Table: r.table, Dst: ipNet(r.dst),
+		Scope: netlink.SCOPE_LINK, Family: nlFamily(r.dst.Addr().Is6()),
+	}, nil
+}
+
+func (f fouPort) nl() netlink.Fou {
+	x := netlink.Fou{Family: unix.AF_INET, Port: f.port, Protocol: unix.IPPROTO_IPIP, EncapType: netlink.FOU_ENCAP_DIRECT}
+	if f.v6 {
+		x.Family, x.Protocol = unix.AF_INET6, unix.IPPROTO_IPV6
+	}
+	return x
+}
+
+// listFoU returns the FoU receive ports of the namespace that have the
+// shape this package makes (direct encapsulation of the family's inner
+// protocol).
+func listFoU(h *netlink.Handle) (map[fouPort]bool, error) {
+	fs, err := h.FouList(unix.AF_INET)
+	if err != nil {
+		return nil, fmt.Errorf("list fou ports: %w", err)
+	}
+	out := map[fouPort]bool{}
+	for _, f := range fs {
+		switch {
+		case f.Family == unix.AF_INET && f.Protocol == unix.IPPROTO_IPIP && f.EncapType == netlink.FOU_ENCAP_DIRECT:
+			out[fouPort{port: f.Port}] = true
+		case f.Family == unix.AF_INET6 && f.Protocol == unix.IPPROTO_IPV6 && f.EncapType == netlink.FOU_ENCAP_DIRECT:
+			out[fouPort{v6: true, port: f.Port}] = true
+		}
+	}
+	return out, nil
+}
+
+// journal records how to undo each change made so far; undo runs them in
+// reverse order. It is how ApplyClient leaves a namespace as it found it
+// when a step fails.
+type journal struct{ undos []func() error }
+
+func (j *journal) add(undo func() error) { j.undos = append(j.undos, undo) }
+
+func (j *journal) undo() error {
+	var errs []error
+	for i := len(j.undos) - 1; i >= 0; i-- {
+		if err := j.undos[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	j.undos = nil
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrUndoFailed, errors.Join(errs...))
+	}
+	return nil
+}
+
+// swapSysctls writes each (name, value) inside the namespace at path in
+// one switch and returns the values they had before; names are paths
+// below /proc/sys. A name that does not exist is skipped.
+func swapSysctls(path string, kv [][2]string) ([][2]string, error) {
+	var old [][2]string
+	err := netns.Do(path, func() error {
+		var err error
+		old, err = swapHere(kv)
+		return err
+	})
+	return old, err
+}
+
+// swapHere is swapSysctls in the calling thread's namespace.
+func swapHere(kv [][2]string) ([][2]string, error) {
+	var old [][2]string
+	for _, p := range kv {
+		file := "/proc/sys/" + p[0]
+		b, err := os.ReadFile(file)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return old, fmt.Errorf("read sysctl %s: %w", p[0], err)
+		}
+		cur := strings.TrimSpace(string(b))
+		if cur == p[1] {
+			continue
+		}
+		if err := os.WriteFile(file, []byte(p[1]), 0o644); err != nil {
+			return old, fmt.Errorf("sysctl %s=%s: %w", p[0], p[1], err)
+		}
+		old = append(old, [2]string{p[0], cur})
+	}
+	return old, nil
+}

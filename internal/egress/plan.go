@@ -1,0 +1,308 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"sort"
+)
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrInvalid: the configuration is malformed. Nothing was changed.
+	ErrInvalid = errors.New("invalid egress configuration")
+	// ErrNotSupported: the kernel lacks a module the tunnels need (fou,
+	// ipip, ip6_tunnel). Nothing was changed.
+	ErrNotSupported = errors.New("kernel feature not available")
+	// ErrNameClash: a device with one of our names exists but was not
+	// made by this package; it was left alone.
+	ErrNameClash = errors.New("device name taken by a foreign device")
+	// ErrUndoFailed: a change failed and putting the namespace back as it
+	// was failed too; some of what the call made may remain.
+	ErrUndoFailed = errors.New("undo failed; the namespace may be half-changed")
+)
+
+// Device names. A client pod has one tunnel per gateway and family, named
+// after a hash of "<namespace>/<name>" so that any Egress name fits
+// IFNAMSIZ; a router has one per client pod address, named after a hash
+// of the address. The flow-based fallback devices of a client are the
+// only names without eight hex digits, so they cannot clash with a hash.
+const (
+	clientPrefix4 = "egr4-"
+	clientPrefix6 = "egr6-"
+	routerPrefix4 = "egc4-"
+	routerPrefix6 = "egc6-"
+	flowDevice4   = "egr4-flow"
+	flowDevice6   = "egr6-flow"
+
+	// aliasPrefix starts the IFLA_IFALIAS of every device this package
+	// makes: the tag that tells ours from a foreign device of the same
+	// name, and that lets ClientState name the gateway behind a hash.
+	aliasPrefix = "skein-egress:"
+	aliasGW     = aliasPrefix + "gw:"   // + "<ns>/<name>"
+	aliasFlow   = aliasPrefix + "flow"  // client fallback devices
+	aliasPeer   = aliasPrefix + "peer:" // + client address (router side)
+)
+
+// Router policy routing: replies to client pods that arrive on the
+// router's outbound interface (after conntrack has undone the SNAT) are
+// looked up in RouterTable, which holds one "<client>/32 dev egc4-.."
+// route per peer. The router's own traffic (iif lo), including the
+// encapsulated packets to the clients, never matches the rule.
+const (
+	RouterTable    = 118
+	RouterRulePrio = 1900
+)
+
+// NFTable is the nftables table (family inet) a router owns.
+const NFTable = "skein-egress"
+
+const (
+	tableMain = 254
+)
+
+func hash8(s string) string {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return fmt.Sprintf("%08x", h.Sum32())
+}
+
+func clientTunnelName(v6 bool, ns, name string) string {
+	if v6 {
+		return clientPrefix6 + hash8(ns+"/"+name)
+	}
+	return clientPrefix4 + hash8(ns+"/"+name)
+}
+
+func routerTunnelName(peer netip.Addr) string {
+	if peer.Is6() {
+		return routerPrefix6 + hash8(peer.String())
+	}
+	return routerPrefix4 + hash8(peer.String())
+}
+
+// tunnel is one tunnel device as this package makes it.
+type tunnel struct {
+	name   string
+	v6     bool
+	flow   bool       // collect_md fallback device: no addresses, no encap
+	remote netip.Addr // ServiceIP (client) or client address (router)
+	local  netip.Addr // resolved by the kernel step on the client side
+	sport  uint16     // 0: per flow
+	dport  uint16
+	alias  string
+}
+
+// route is one route of ours: dst in table through dev.
+type route struct {
+	table int
+	dst   netip.Prefix
+	dev   string
+}
+
+// rule is one policy rule of ours. dst is zero for "from all", iif empty
+// for any input interface.
+type rule struct {
+	prio  int
+	v6    bool
+	dst   netip.Prefix
+	iif   string
+	table int
+}
+
+// fouPort is one FoU receive port: family and port; the protocol follows
+// from the family (4 = IPIP for IPv4, 41 = IPv6-in-IPv6 for IPv6).
+type fouPort struct {
+	v6   bool
+	port int
+}
+
+// clientPlan is the wanted state of a client pod, computed purely from a
+// ClientConfig.
+type clientPlan struct {
+	tunnels []tunnel // hash-named tunnels, then fallback devices; local unset
+	routes  []route
+	rules   []rule
+	fou     []fouPort
+}
+
+func (p clientPlan) empty() bool { return len(p.tunnels) == 0 }
+
+var (
+	linkLocal4 = netip.MustParsePrefix("169.254.0.0/16")
+	linkLocal6 = netip.MustParsePrefix("fe80::/10")
+	private4   = []netip.Prefix{
+		netip.MustParsePrefix("10.0.0.0/8"),
+		netip.MustParsePrefix("172.16.0.0/12"),
+		netip.MustParsePrefix("192.168.0.0/16"),
+	}
+	private6 = []netip.Prefix{netip.MustParsePrefix("fc00::/7")}
+)
+
+// clientRules are the seed's policy rules for one family.
+func clientRules(v6 bool) []rule {
+	ll, priv := linkLocal4, private4
+	if v6 {
+		ll, priv = linkLocal6, private6
+	}
+	rs := []rule{
+		{prio: PrioLinkLocal, v6: v6, dst: ll, table: tableMain},
+		{prio: PrioNarrow, v6: v6, table: TableNarrow},
+	}
+	for i, p := range priv {
+		rs = append(rs, rule{prio: PrioPrivate + i, v6: v6, dst: p, table: tableMain})
+	}
+	return append(rs, rule{prio: PrioWide, v6: v6, table: TableWide})
+}
+
+// planClient validates cfg and computes what the pod namespace should
+// hold. Gateways are taken in order of "<namespace>/<name>"; a
+// destination already routed by an earlier gateway is skipped, as is one
+// whose family the gateway has no ServiceIP for. A tunnel is made for a
+// gateway and family only when at least one destination uses it.
+func planClient(cfg ClientConfig) (clientPlan, error) {
+	gws := append([]Gateway(nil), cfg.Gateways...)
+	sort.Slice(gws, func(i, j int) bool {
+		return gws[i].Namespace+"/"+gws[i].Name < gws[j].Namespace+"/"+gws[j].Name
+	})
+	var p clientPlan
+	seenGW := map[string]bool{}
+	names := map[string]string{}
+	routed := map[netip.Prefix]bool{}
+	fous := map[fouPort]bool{}
+	var auto4, auto6 bool
+	for _, g := range gws {
+		id := g.Namespace + "/" + g.Name
+		if g.Namespace == "" || g.Name == "" {
+			return clientPlan{}, fmt.Errorf("gateway %q: namespace and name are required: %w", id, ErrInvalid)
+		}
+		if seenGW[id] {
+			return clientPlan{}, fmt.Errorf("gateway %s listed twice: %w", id, ErrInvalid)
+		}
+		seenGW[id] = true
+		port := g.Port
+		if port == 0 {
+			port = DefaultPort
+		}
+		if port < 1 || port > 65535 {
+			return clientPlan{}, fmt.Errorf("gateway %s: port %d out of range: %w", id, g.Port, ErrInvalid)
+		}
+		var svc [2]netip.Addr // by family: 0 = IPv4, 1 = IPv6
+		for _, a := range g.ServiceIPs {
+			if !a.IsValid() || a.Is4In6() || a.Zone() != "" || a.IsUnspecified() {
+				return clientPlan{}, fmt.Errorf("gateway %s: service IP %q is not a plain unicast address: %w", id, a, ErrInvalid)
+			}
+			f := fam(a)
+			if svc[f].IsValid() {
+				return clientPlan{}, fmt.Errorf("gateway %s: two service IPs of one family (%s, %s): %w", id, svc[f], a, ErrInvalid)
+			}
+			svc[f] = a
+		}
+		used := [2]bool{}
+		for _, d := range g.Destinations {
+			if !d.IsValid() || d.Addr().Is4In6() || d.Addr().Zone() != "" {
+				return clientPlan{}, fmt.Errorf("gateway %s: destination %q is not a valid prefix: %w", id, d, ErrInvalid)
+			}
+			d = d.Masked()
+			f := fam(d.Addr())
+			if !svc[f].IsValid() || routed[d] {
+				continue
+			}
+			routed[d] = true
+			used[f] = true
+			table := TableNarrow
+			if d.Bits() == 0 {
+				table = TableWide
+			}
+			p.routes = append(p.routes, route{table: table, dst: d, dev: clientTunnelName(f == 1, g.Namespace, g.Name)})
+		}
+		for f := 0; f < 2; f++ {
+			if !used[f] {
+				continue
+			}
+			name := clientTunnelName(f == 1, g.Namespace, g.Name)
+			if other, ok := names[name]; ok {
+				return clientPlan{}, fmt.Errorf("gateways %s and %s hash to the same device name %s: %w", other, id, name, ErrInvalid)
+			}
+			names[name] = id
+			t := tunnel{name: name, v6: f == 1, remote: svc[f], sport: uint16(port), dport: uint16(port), alias: aliasGW + id}
+			if g.SourcePortAuto {
+				t.sport = 0
+				if f == 1 {
+					auto6 = true
+				} else {
+					auto4 = true
+				}
+			}
+			p.tunnels = append(p.tunnels, t)
+			fous[fouPort{v6: f == 1, port: port}] = true
+		}
+	}
+	if auto4 {
+		p.tunnels = append(p.tunnels, tunnel{name: flowDevice4, flow: true, alias: aliasFlow})
+	}
+	if auto6 {
+		p.tunnels = append(p.tunnels, tunnel{name: flowDevice6, v6: true, flow: true, alias: aliasFlow})
+	}
+	has := [2]bool{}
+	for _, t := range p.tunnels {
+		has[boolFam(t.v6)] = true
+	}
+	for f := 0; f < 2; f++ {
+		if has[f] {
+			p.rules = append(p.rules, clientRules(f == 1)...)
+		}
+	}
+	for k := range fous {
+		p.fou = append(p.fou, k)
+	}
+	sort.Slice(p.fou, func(i, j int) bool {
+		if p.fou[i].v6 != p.fou[j].v6 {
+			return !p.fou[i].v6
+		}
+		return p.fou[i].port < p.fou[j].port
+	})
+	return p, nil
+}
+
+func fam(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+func boolFam(v6 bool) int {
+	if v6 {
+		return 1
+	}
+	return 0
+}
+
+// withoutFamily drops from p everything of one family (tunnels, their
+// routes, rules and FoU ports): for a pod that has no address of it.
+func (p clientPlan) withoutFamily(v6 bool) clientPlan {
+	var out clientPlan
+	for _, t := range p.tunnels {
+		if t.v6 != v6 {
+			out.tunnels = append(out.tunnels, t)
+		}
+	}
+	for _, r := range p.routes {
+		if r.dst.Addr().Is6() != v6 {
+			out.routes = append(out.routes, r)
+		}
+	}
+	for _, r := range p.rules {
+		if r.v6 != v6 {
+			out.rules = append(out.rules, r)
+		}
+	}
+	for _, f := range p.fou {
+		if f.v6 != v6 {
+			out.fou = append(out.fou, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,122 @@
+package egress
+
+import (
+	"errors"
+	"net/netip"
+	"reflect"
+	"testing"
+)
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
+
+func TestPlanClientRoutesAndTunnels(t *testing.T) {
+	cfg := ClientConfig{Gateways: []Gateway{
+		{Namespace: "ns", Name: "b", ServiceIPs: []netip.Addr{ip("10.96.0.2")},
+			Destinations: []netip.Prefix{pfx("0.0.0.0/0"), pfx("198.51.100.0/24"), pfx("2001:db8::/32")}},
+		{Namespace: "ns", Name: "a", ServiceIPs: []netip.Addr{ip("10.96.0.1"), ip("fd00:96::1")}, SourcePortAuto: true,
+			Destinations: []netip.Prefix{pfx("198.51.100.7/24"), pfx("::/0")}},
+	}}
+	p, err := planClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a4, a6, b4 := clientTunnelName(false, "ns", "a"), clientTunnelName(true, "ns", "a"), clientTunnelName(false, "ns", "b")
+	wantRoutes := []route{
+		{table: TableNarrow, dst: pfx("198.51.100.0/24"), dev: a4}, // ns/a sorts first and wins; masked
+		{table: TableWide, dst: pfx("::/0"), dev: a6},
+		{table: TableWide, dst: pfx("0.0.0.0/0"), dev: b4},
+		// 2001:db8::/32 of ns/b is skipped: ns/b has no IPv6 service IP
+	}
+	if !reflect.DeepEqual(p.routes, wantRoutes) {
+		t.Errorf("routes = %+v, want %+v", p.routes, wantRoutes)
+	}
+	var names []string
+	for _, tn := range p.tunnels {
+		names = append(names, tn.name)
+	}
+	if want := []string{a4, a6, b4, flowDevice4, flowDevice6}; !reflect.DeepEqual(names, want) {
+		t.Errorf("tunnels = %v, want %v", names, want)
+	}
+	if p.tunnels[0].sport != 0 || p.tunnels[2].sport != DefaultPort || p.tunnels[2].dport != DefaultPort {
+		t.Errorf("source ports: auto gateway %d, fixed gateway %d/%d", p.tunnels[0].sport, p.tunnels[2].sport, p.tunnels[2].dport)
+	}
+	if want := []fouPort{{port: DefaultPort}, {v6: true, port: DefaultPort}}; !reflect.DeepEqual(p.fou, want) {
+		t.Errorf("fou = %+v, want %+v", p.fou, want)
+	}
+	if want := append(clientRules(false), clientRules(true)...); !reflect.DeepEqual(p.rules, want) {
+		t.Errorf("rules = %+v, want both families' %+v", p.rules, want)
+	}
+	for _, n := range names {
+		if len(n) > 15 {
+			t.Errorf("device name %q longer than IFNAMSIZ-1", n)
+		}
+	}
+}
+
+func TestPlanClientEmptyAndUnusedFamily(t *testing.T) {
+	p, err := planClient(ClientConfig{})
+	if err != nil || !p.empty() || len(p.rules)+len(p.routes)+len(p.fou) != 0 {
+		t.Fatalf("zero config: %+v, %v", p, err)
+	}
+	// A v6-only gateway with only v4 destinations makes nothing.
+	p, err = planClient(ClientConfig{Gateways: []Gateway{{Namespace: "n", Name: "x",
+		ServiceIPs: []netip.Addr{ip("fd00::1")}, Destinations: []netip.Prefix{pfx("0.0.0.0/0")}}}})
+	if err != nil || !p.empty() {
+		t.Fatalf("unused family: %+v, %v", p, err)
+	}
+}
+
+func TestPlanClientInvalid(t *testing.T) {
+	for name, gw := range map[string]Gateway{
+		"two v4 service IPs": {Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("10.96.0.1"), ip("10.96.0.2")}},
+		"no name":            {Namespace: "n", ServiceIPs: []netip.Addr{ip("10.96.0.1")}},
+		"zero service IP":    {Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{{}}},
+		"mapped service IP":  {Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("::ffff:10.96.0.1")}},
+		"bad destination":    {Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("10.96.0.1")}, Destinations: []netip.Prefix{{}}},
+		"port":               {Namespace: "n", Name: "x", Port: 70000},
+	} {
+		if _, err := planClient(ClientConfig{Gateways: []Gateway{gw}}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
+		}
+	}
+	dup := Gateway{Namespace: "n", Name: "x"}
+	if _, err := planClient(ClientConfig{Gateways: []Gateway{dup, dup}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("duplicate gateway: err = %v, want ErrInvalid", err)
+	}
+}
+
+func TestTunnelNames(t *testing.T) {
+	long := "a-very-long-namespace-name-that-goes-on/and-an-egress-name-as-long"
+	n := clientTunnelName(false, long, long)
+	if len(n) != 13 || n[:5] != clientPrefix4 {
+		t.Errorf("client name %q", n)
+	}
+	if clientTunnelName(false, "ns", "a") == clientTunnelName(false, "ns", "b") {
+		t.Errorf("two gateways share the name %q", clientTunnelName(false, "ns", "a"))
+	}
+	if r := routerTunnelName(ip("fd00:100::10")); r[:5] != routerPrefix6 || len(r) != 13 {
+		t.Errorf("router name %q", r)
+	}
+}
+
+func TestPlanWithoutFamily(t *testing.T) {
+	p, err := planClient(ClientConfig{Gateways: []Gateway{{Namespace: "n", Name: "x", SourcePortAuto: true,
+		ServiceIPs:   []netip.Addr{ip("10.96.0.1"), ip("fd00::1")},
+		Destinations: []netip.Prefix{pfx("0.0.0.0/0"), pfx("::/0")}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.withoutFamily(true)
+	for _, tn := range q.tunnels {
+		if tn.v6 {
+			t.Errorf("IPv6 tunnel %s left", tn.name)
+		}
+	}
+	if len(q.tunnels) != 2 || len(q.routes) != 1 || len(q.fou) != 1 || !reflect.DeepEqual(q.rules, clientRules(false)) {
+		t.Errorf("without IPv6: %+v", q)
+	}
+	if e := p.withoutFamily(false).withoutFamily(true); !e.empty() || len(e.rules)+len(e.routes)+len(e.fou) != 0 {
+		t.Errorf("without both: %+v", e)
+	}
+}

@@ -1,0 +1,382 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/netns"
+)
+
+// RouterConfig configures the router side in one router pod. Zero values
+// are the documented defaults.
+type RouterConfig struct {
+	// NetNS is the path of the router pod's namespace; "" is the
+	// namespace the process runs in (skein-egress in its pod).
+	NetNS string
+	// Port is the FoU port; DefaultPort when 0.
+	Port int
+	// Local4 and Local6 are the router pod's own addresses, the local
+	// ends of its tunnels. A zero address turns that family off.
+	Local4, Local6 netip.Addr
+	// OutInterface is where SNAT'd traffic leaves; "" is "eth0".
+	OutInterface string
+	// SourcePortAuto picks the encapsulation's UDP source port per flow
+	// instead of Port. Clients must then have their flow-based fallback
+	// device (ApplyClient makes it for SourcePortAuto gateways): the
+	// replies come from this pod's address, not from the ClusterIP.
+	SourcePortAuto bool
+}
+
+// RouterStats are a router's counters, read from the kernel.
+type RouterStats struct {
+	Tunnels int // tunnel devices present
+	Peers   int // client addresses in the last SyncPeers that have a tunnel
+	// ConntrackEntries are the connection-tracking entries whose original
+	// source is a peer (the NAT'd sessions).
+	ConntrackEntries int
+	// Packets and Bytes forwarded between tunnels and the outside, both
+	// directions (nftables counters).
+	Packets, Bytes uint64
+	// NATConnections counts connections masqueraded (the first packet of
+	// each passes the nat chain).
+	NATConnections uint64
+}
+
+// Router is the router side of one router pod. Its methods may be called
+// from any goroutine.
+type Router struct {
+	cfg RouterConfig
+	h   *netlink.Handle
+	nft *nftables.Conn
+
+	mu     sync.Mutex
+	peers  map[netip.Addr]bool
+	closed bool
+}
+
+// NewRouter prepares the router pod's namespace: forwarding on, rp_filter
+// off, FoU receive ports for the enabled families, the nftables table and
+// the policy rule to RouterTable. Tunnels left by an earlier run are
+// removed (SyncPeers makes the current ones); everything else is adopted
+// or replaced, so NewRouter may be called again after a crash.
+func NewRouter(cfg RouterConfig) (_ *Router, retErr error) {
+	defer func() {
+		if retErr != nil {
+			retErr = fmt.Errorf("egress router: %w", retErr)
+		}
+	}()
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.OutInterface == "" {
+		cfg.OutInterface = "eth0"
+	}
+	if cfg.Port < 1 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("port %d out of range: %w", cfg.Port, ErrInvalid)
+	}
+	if (cfg.Local4.IsValid() && !cfg.Local4.Is4()) || (cfg.Local6.IsValid() && (!cfg.Local6.Is6() || cfg.Local6.Is4In6())) {
+		return nil, fmt.Errorf("local addresses %s, %s are not of their families: %w", cfg.Local4, cfg.Local6, ErrInvalid)
+	}
+	if !cfg.Local4.IsValid() && !cfg.Local6.IsValid() {
+		return nil, fmt.Errorf("no local address: %w", ErrInvalid)
+	}
+	if len(cfg.OutInterface) >= unix.IFNAMSIZ {
+		return nil, fmt.Errorf("interface name %q too long: %w", cfg.OutInterface, ErrInvalid)
+	}
+	if cfg.NetNS != "" {
+		if err := netns.IsNetNS(cfg.NetNS); err != nil {
+			return nil, err
+		}
+	}
+	if err := requireFoU(); err != nil {
+		return nil, err
+	}
+	h, err := openHandle(cfg.NetNS, true)
+	if err != nil {
+		return nil, err
+	}
+	c, err := nftConn(cfg.NetNS)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	r := &Router{cfg: cfg, h: h, nft: c, peers: map[netip.Addr]bool{}}
+	if err := r.setup(); err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Router) families() []bool {
+	var out []bool
+	if r.cfg.Local4.IsValid() {
+		out = append(out, false)
+	}
+	if r.cfg.Local6.IsValid() {
+		out = append(out, true)
+	}
+	return out
+}
+
+func (r *Router) rules() []rule {
+	var out []rule
+	for _, v6 := range r.families() {
+		out = append(out, rule{prio: RouterRulePrio, v6: v6, iif: r.cfg.OutInterface, table: RouterTable})
+	}
+	return out
+}
+
+func (r *Router) setup() error {
+	kv := [][2]string{
+		{"net.ipv4.conf.all.rp_filter", "0"}, {"net.ipv4.conf.default.rp_filter", "0"},
+	}
+	if r.cfg.Local4.IsValid() {
+		kv = append(kv, [2]string{"net.ipv4.ip_forward", "1"})
+	}
+	if r.cfg.Local6.IsValid() {
+		kv = append(kv, [2]string{"net.ipv6.conf.all.forwarding", "1"})
+	}
+	if err := netns.WriteSysctls(r.cfg.NetNS, kv...); err != nil {
+		return err
+	}
+	have, err := listFoU(r.h)
+	if err != nil {
+		return err
+	}
+	for _, v6 := range r.families() {
+		f := fouPort{v6: v6, port: r.cfg.Port}
+		if have[f] {
+			continue
+		}
+		if err := r.h.FouAdd(f.nl()); err != nil {
+			return fmt.Errorf("add fou port %d (ipv6 %v): %w", f.port, v6, err)
+		}
+	}
+	// Leftover tunnels of an earlier run: their peers come back with the
+	// next SyncPeers.
+	old, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
+	if err != nil {
+		return err
+	}
+	for name := range old.ours {
+		if err := delLink(r.h, name); err != nil {
+			return err
+		}
+	}
+	if err := installNFT(r.nft, r.cfg.OutInterface); err != nil {
+		return err
+	}
+	want := r.rules()
+	haveRules, err := findRules(r.h, want)
+	if err != nil {
+		return err
+	}
+	for _, x := range want {
+		if !haveRules[x] {
+			if err := r.h.RuleAdd(x.nl()); err != nil {
+				return fmt.Errorf("add rule pref %d iif %s: %w", x.prio, x.iif, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *Router) tunnelFor(peer netip.Addr) tunnel {
+	t := tunnel{name: routerTunnelName(peer), v6: peer.Is6(), remote: peer, local: r.cfg.Local4,
+		sport: uint16(r.cfg.Port), dport: uint16(r.cfg.Port), alias: aliasPeer + peer.String()}
+	if t.v6 {
+		t.local = r.cfg.Local6
+	}
+	if r.cfg.SourcePortAuto {
+		t.sport = 0
+	}
+	return t
+}
+
+// SyncPeers converges the tunnels to exactly one per peer (client pod
+// address), each with its route in RouterTable; tunnels of other peers
+// are removed. Peers of a family the router has no local address for are
+// skipped (and reported in the error). It does what it can for every
+// peer and returns the errors joined: one bad peer does not cut off the
+// others.
+func (r *Router) SyncPeers(peers []netip.Addr) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("egress router: closed")
+	}
+	want := map[string]tunnel{}
+	var errs []error
+	for _, p := range peers {
+		p = p.Unmap()
+		if !p.IsValid() || p.IsUnspecified() || p.Zone() != "" {
+			errs = append(errs, fmt.Errorf("peer %q: not a unicast address: %w", p, ErrInvalid))
+			continue
+		}
+		if (p.Is4() && !r.cfg.Local4.IsValid()) || (p.Is6() && !r.cfg.Local6.IsValid()) {
+			errs = append(errs, fmt.Errorf("peer %s: the router has no local address of its family: %w", p, ErrInvalid))
+			continue
+		}
+		t := r.tunnelFor(p)
+		if o, ok := want[t.name]; ok && o.remote != p {
+			errs = append(errs, fmt.Errorf("peers %s and %s hash to one device name %s: %w", o.remote, p, t.name, ErrInvalid))
+			continue
+		}
+		want[t.name] = t
+	}
+	found, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
+	if err != nil {
+		return fmt.Errorf("egress router sync: %w", err)
+	}
+	cur, foreign := found.ours, found.foreign
+	r.peers = map[netip.Addr]bool{}
+	for name, t := range want {
+		if err := r.ensurePeer(t, cur, foreign[name]); err != nil {
+			errs = append(errs, fmt.Errorf("peer %s: %w", t.remote, err))
+			continue
+		}
+		r.peers[t.remote] = true
+	}
+	for name := range cur {
+		if _, ok := want[name]; ok {
+			continue
+		}
+		if err := delLink(r.h, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("egress router sync: %w", err)
+	}
+	return nil
+}
+
+func (r *Router) ensurePeer(t tunnel, cur map[string]tunnel, foreign bool) error {
+	if old, ok := cur[t.name]; ok && old != t {
+		if err := delLink(r.h, t.name); err != nil {
+			return err
+		}
+		delete(cur, t.name)
+	}
+	if _, ok := cur[t.name]; !ok {
+		var j journal // the device goes again if its route cannot be made
+		if _, err := addTunnel(r.h, t, foreign, &j); err != nil {
+			return err
+		}
+		if err := replaceRoute(r.h, route{table: RouterTable, dst: netip.PrefixFrom(t.remote, t.remote.BitLen()), dev: t.name}); err != nil {
+			_ = j.undo()
+			return err
+		}
+		return nil
+	}
+	// Present and equal: make sure the route is there too.
+	return replaceRoute(r.h, route{table: RouterTable, dst: netip.PrefixFrom(t.remote, t.remote.BitLen()), dev: t.name})
+}
+
+// Stats reads the router's counters from the kernel.
+func (r *Router) Stats() (RouterStats, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return RouterStats{}, errors.New("egress router: closed")
+	}
+	var s RouterStats
+	s.Peers = len(r.peers)
+	ts, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
+	if err != nil {
+		return s, fmt.Errorf("egress router stats: %w", err)
+	}
+	s.Tunnels = len(ts.ours)
+	for _, v6 := range r.families() {
+		fam := netlink.InetFamily(unix.AF_INET)
+		if v6 {
+			fam = unix.AF_INET6
+		}
+		flows, err := r.h.ConntrackTableList(netlink.ConntrackTable, fam)
+		if err != nil {
+			return s, fmt.Errorf("egress router stats: list conntrack: %w", err)
+		}
+		for _, f := range flows {
+			if r.peers[addrOf(f.Forward.SrcIP)] {
+				s.ConntrackEntries++
+			}
+		}
+	}
+	cs, err := nftCounters(r.nft)
+	if err != nil {
+		return s, fmt.Errorf("egress router stats: %w", err)
+	}
+	s.Packets = cs[tagOut].Packets + cs[tagIn].Packets
+	s.Bytes = cs[tagOut].Bytes + cs[tagIn].Bytes
+	s.NATConnections = cs[tagMasq].Packets
+	return s, nil
+}
+
+// Peers returns the peers that have a tunnel, sorted.
+func (r *Router) Peers() []netip.Addr {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]netip.Addr, 0, len(r.peers))
+	for p := range r.peers {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
+	return out
+}
+
+// Close removes everything the router made (tunnels with their routes,
+// the policy rules, the nftables table, the FoU ports) and releases its
+// sockets. Sysctls stay as set. A second Close does nothing.
+func (r *Router) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	var errs []error
+	if ts, err := listTunnels(r.h, routerPrefix4, routerPrefix6); err != nil {
+		errs = append(errs, err)
+	} else {
+		for name := range ts.ours {
+			errs = append(errs, delLink(r.h, name))
+		}
+	}
+	if have, err := findRules(r.h, r.rules()); err != nil {
+		errs = append(errs, err)
+	} else {
+		for x := range have {
+			if err := r.h.RuleDel(x.nl()); err != nil {
+				errs = append(errs, fmt.Errorf("delete rule pref %d: %w", x.prio, err))
+			}
+		}
+	}
+	errs = append(errs, removeNFT(r.nft))
+	if have, err := listFoU(r.h); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, v6 := range r.families() {
+			f := fouPort{v6: v6, port: r.cfg.Port}
+			if have[f] {
+				if err := r.h.FouDel(f.nl()); err != nil {
+					errs = append(errs, fmt.Errorf("delete fou port %d: %w", f.port, err))
+				}
+			}
+		}
+	}
+	_ = r.nft.CloseLasting()
+	r.h.Close()
+	r.peers = nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("egress router close: %w", err)
+	}
+	return nil
+}
