@@ -44,14 +44,17 @@ type cluster struct {
 	kubeconfig string
 	node       *kubenode.Node
 	nat, auto  *gateway
+	// routers by pod name.
+	routers map[string]*router
 }
 
-// gateway is an Egress as the node sees it: its Service's ClusterIPs, its
-// router pods' labels, and the routers the emulated kube-proxy sends the
-// Service to.
+// gateway is an Egress as the node sees it: its Service's ClusterIPs and
+// selector, its router pods' labels, and the routers the emulated
+// kube-proxy sends the Service to.
 type gateway struct {
 	name       string
 	cip4, cip6 netip.Addr
+	selector   map[string]string
 	labels     map[string]string
 	endpoints  []*router
 }
@@ -79,7 +82,7 @@ func TestEgressClusterInside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &cluster{c: c, kubeconfig: kc}
+	cl := &cluster{c: c, kubeconfig: kc, routers: map[string]*router{}}
 	cl.nat, cl.auto = cl.readEgress(t, egressName), cl.readEgress(t, autoEgressName)
 
 	// The node: forwarding on (skeind's --node-forwarding too), pods'
@@ -97,8 +100,10 @@ func TestEgressClusterInside(t *testing.T) {
 	rb := cl.startRouter(t, cl.nat, "nat-router-b")
 	routers := []*router{ra, rb}
 	proxy := newProxy(t, cl.nat, cl.auto)
-	cl.nat.endpoints = routers
-	proxy.sync(t)
+	cl.syncEndpoints(t, proxy)
+	if len(cl.nat.endpoints) != 2 {
+		t.Fatalf("the Service %s has endpoints %v, want the two routers", egressName, cl.nat.endpoints)
+	}
 	t.Logf("routers %s (%v) and %s (%v) up in %v", ra.name, ra.pod.Addrs, rb.name, rb.pod.Addrs, time.Since(start).Round(time.Millisecond))
 
 	// The client pod, annotated for the Egress.
@@ -169,13 +174,18 @@ func TestEgressClusterInside(t *testing.T) {
 		if gone == ra {
 			used = rb
 		}
-		cl.nat.endpoints = []*router{used}
-		proxy.sync(t)
-		flushConntrack(t, gone)
-		gone.stop(t)
+		// As in a cluster: the Pod is deleted, the endpoints follow,
+		// kube-proxy drops the UDP flows to the gone endpoint, the
+		// container stops, the runtime DELs the pod.
 		if err := cl.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: egressNS, Name: gone.name}}); err != nil {
 			t.Fatalf("delete pod %s: %v", gone.name, err)
 		}
+		cl.syncEndpoints(t, proxy)
+		if len(cl.nat.endpoints) != 1 || cl.nat.endpoints[0] != used {
+			t.Fatalf("after deleting pod %s the Service %s has endpoints %v, want %s only", gone.name, egressName, cl.nat.endpoints, used.name)
+		}
+		flushConntrack(t, gone)
+		gone.stop(t)
 		if err := gone.pod.Del(t); err != nil {
 			t.Fatal(err)
 		}
@@ -240,8 +250,10 @@ func TestEgressClusterInside(t *testing.T) {
 	t.Run("source port Auto: flows spread over the routers", func(t *testing.T) {
 		a1 := cl.startRouter(t, cl.auto, "auto-router-a")
 		a2 := cl.startRouter(t, cl.auto, "auto-router-b")
-		cl.auto.endpoints = []*router{a1, a2}
-		proxy.sync(t)
+		cl.syncEndpoints(t, proxy)
+		if len(cl.auto.endpoints) != 2 {
+			t.Fatalf("the Service %s has endpoints %v, want %s and %s", autoEgressName, cl.auto.endpoints, a1.name, a2.name)
+		}
 		ap := cl.addPod(t, clientNS, "client-auto", nil, map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: autoEgressName})
 		autoBy := map[netip.Addr]*router{}
 		for _, r := range cl.auto.endpoints {
@@ -360,6 +372,10 @@ func (cl *cluster) readEgress(t *testing.T, name string) *gateway {
 	if err := cl.c.Get(ctx, key, &dep); err != nil {
 		t.Fatalf("the Egress's Deployment: %v", err)
 	}
+	gw.selector = svc.Spec.Selector
+	if len(gw.selector) == 0 {
+		t.Fatalf("Service %s has no selector", key)
+	}
 	gw.labels = dep.Spec.Template.Labels
 	if len(gw.labels) == 0 {
 		t.Fatalf("Deployment %s has a pod template without labels", key)
@@ -436,6 +452,7 @@ func (cl *cluster) startRouter(t *testing.T, gw *gateway, name string) *router {
 	t.Helper()
 	p := cl.addPod(t, egressNS, name, gw.labels, nil)
 	r := &router{name: name, pod: p, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
+	cl.routers[name] = r
 	logf, err := os.Create(r.log)
 	if err != nil {
 		t.Fatal(err)
@@ -473,6 +490,36 @@ func (cl *cluster) startRouter(t *testing.T, gw *gateway, name string) *router {
 		return httpProblem(r.url("/readyz"))
 	})
 	return r
+}
+
+// String names the router (in messages).
+func (r *router) String() string { return r.name }
+
+// syncEndpoints does the EndpointSlice controller's work for the
+// gateways' Services and hands the result to the emulated kube-proxy:
+// the pods the Service selects that are running, have addresses and are
+// not being deleted, by name.
+func (cl *cluster) syncEndpoints(t *testing.T, p *proxy) {
+	t.Helper()
+	for _, gw := range []*gateway{cl.nat, cl.auto} {
+		var pods corev1.PodList
+		if err := cl.c.List(context.Background(), &pods, client.InNamespace(egressNS), client.MatchingLabels(gw.selector)); err != nil {
+			t.Fatalf("list the pods of Service %s: %v", gw.name, err)
+		}
+		gw.endpoints = nil
+		for _, pod := range pods.Items {
+			if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || len(pod.Status.PodIPs) == 0 {
+				continue
+			}
+			r := cl.routers[pod.Name]
+			if r == nil {
+				t.Fatalf("Service %s selects pod %s, which is no router of this test", gw.name, pod.Name)
+			}
+			gw.endpoints = append(gw.endpoints, r)
+		}
+		slices.SortFunc(gw.endpoints, func(a, b *router) int { return strings.Compare(a.name, b.name) })
+	}
+	p.sync(t)
 }
 
 // url is a path of the router's metrics server, reached from the node.
