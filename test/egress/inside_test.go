@@ -67,6 +67,17 @@ type gateway struct {
 // skein-egress; kube-proxy's DNAT of the Service is emulated with
 // nftables; an "external" namespace behind a veth serves TCP and UDP
 // echoes that tell each client the source address they saw.
+//
+// Steps, both families each: the annotated client's TCP and UDP leave
+// through a router (its address seen outside, never the client's), with
+// the node tracking the tunnel DNAT'd to that router; the router's Pod
+// deleted (endpoints, conntrack, process, DEL) moves new connections to
+// the other router and leaves nothing in its namespace; the annotation
+// removed takes the tunnels away (traffic leaves directly, from the
+// client's address) and put back restores them; DEL leaves nothing; an
+// Egress with per-flow source ports spreads connections over its two
+// routers; a pod naming a missing Egress fails its ADD cleanly. The
+// routers' and skeind's metrics are checked along the way.
 func TestEgressClusterInside(t *testing.T) {
 	guest.RequireGuest(t)
 	kc := os.Getenv(envKubeconfig)
