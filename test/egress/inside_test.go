@@ -74,10 +74,11 @@ type gateway struct {
 // deleted (endpoints, conntrack, process, DEL) moves new connections to
 // the other router and leaves nothing in its namespace; the annotation
 // removed takes the tunnels away (traffic leaves directly, from the
-// client's address) and put back restores them; DEL leaves nothing; an
-// Egress with per-flow source ports spreads connections over its two
-// routers; a pod naming a missing Egress fails its ADD cleanly. The
-// routers' and skeind's metrics are checked along the way.
+// client's address) and put back restores them; a restarted skeind keeps
+// the tunnels and follows the annotation; DEL leaves nothing; an Egress
+// with per-flow source ports spreads connections over its two routers; a
+// pod naming a missing Egress fails its ADD cleanly. The routers' and
+// skeind's metrics are checked along the way.
 func TestEgressClusterInside(t *testing.T) {
 	guest.RequireGuest(t)
 	kc := os.Getenv(envKubeconfig)
@@ -239,18 +240,50 @@ func TestEgressClusterInside(t *testing.T) {
 		cl.wantRouterMetrics(t, used, 0)
 	})
 
-	t.Run("annotation back, then DEL", func(t *testing.T) {
-		cl.patchAnnotation(t, cp, map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: egressName})
-		kubenode.Eventually(t, 30*time.Second, "skeind restoring the client's tunnels", func() string {
-			return cl.tunnelProblem(cp, true)
+	viaRouter := func(t *testing.T) {
+		t.Helper()
+		for _, dst := range []netip.Addr{ext.addr4, ext.addr6} {
+			eventuallySource(t, cp, "tcp", dst, 30*time.Second, func(src netip.Addr) string {
+				if through(src) != used {
+					return fmt.Sprintf("seen from %v, not router %s's address", src, used.name)
+				}
+				return ""
+			})
+		}
+	}
+	annotate := func(t *testing.T, on bool) {
+		t.Helper()
+		if !on {
+			cl.patchAnnotation(t, cp, nil)
+		} else {
+			cl.patchAnnotation(t, cp, map[string]string{skeinv1.AnnotationEgressPrefix + egressNS: egressName})
+		}
+		kubenode.Eventually(t, 30*time.Second, fmt.Sprintf("skeind following the client's annotation (tunnels wanted: %v)", on), func() string {
+			return cl.tunnelProblem(cp, on)
 		})
+	}
+
+	t.Run("annotation back", func(t *testing.T) {
+		annotate(t, true)
 		cl.wantEgressPods(t, 1)
-		eventuallySource(t, cp, "tcp", ext.addr4, 30*time.Second, func(src netip.Addr) string {
-			if through(src) != used {
-				return fmt.Sprintf("seen from %v, not router %s's address", src, used.name)
-			}
-			return ""
-		})
+		viaRouter(t)
+	})
+
+	t.Run("skeind restarted", func(t *testing.T) {
+		// The tunnels outlive skeind, and the new one finds the running
+		// pod again (by its addresses) and follows its annotation.
+		cl.node.D.Stop(t)
+		cl.node.D.Start(t)
+		if p := cl.tunnelProblem(cp, true); p != "" {
+			t.Errorf("after skeind's restart: %s", p)
+		}
+		viaRouter(t)
+		annotate(t, false)
+		annotate(t, true)
+		viaRouter(t)
+	})
+
+	t.Run("DEL", func(t *testing.T) {
 		if err := cp.Del(t); err != nil {
 			t.Fatal(err)
 		}
