@@ -640,8 +640,20 @@ func TestKubernetesPods(t *testing.T) {
 		if err := n.add(t, cniReq("app", "api", api.Path())); err != nil {
 			t.Fatal(err)
 		}
-		n.setPodIPs(t, "app", "api", "ctr-api")
+		ips := n.setPodIPs(t, "app", "api", "ctr-api")
+		// A pod whose annotation is removed while skeind is down.
+		old := harness.NewNS(t, "pod")
+		n.createPod(t, "app", "old", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+		if err := n.add(t, cniReq("app", "old", old.Path())); err != nil {
+			t.Fatal(err)
+		}
+		n.setPodIPs(t, "app", "old", "ctr-old")
+		// A finished pod whose addresses were given again, to api (as
+		// they are once a pod is done): it has no say in api's namespace.
+		n.createPod(t, "app", "done", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat2"})
+		n.setPodStatus(t, "app", "done", ips, corev1.PodSucceeded)
 		n.pe.Close()
+		n.annotate(t, "app", "old", skeinv1.AnnotationEgressPrefix+"gw", nil)
 		calls := len(n.rec.of(api.Path()))
 		// A new Client (skeind restarted) finds the pod by its
 		// addresses, converges it, and follows its annotation.
@@ -658,6 +670,16 @@ func TestKubernetesPods(t *testing.T) {
 			return ""
 		})
 		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+		// The unannotated pod's tunnels go.
+		n.waitApplied(t, old.Path(), egress.ClientConfig{})
+		// Every pod of the node was synced at the start, one after the
+		// other: time enough for the finished pod's, if it had one.
+		time.Sleep(time.Second)
+		for _, cfg := range n.rec.of(api.Path())[calls:] {
+			if !reflect.DeepEqual(cfg, egress.ClientConfig{Gateways: []egress.Gateway{natGW}}) {
+				t.Fatalf("after the restart, api's namespace got %+v (the finished pod's gateway?); want only its own %+v", cfg, natGW)
+			}
+		}
 		v := "nat2"
 		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
 		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
@@ -665,28 +687,38 @@ func TestKubernetesPods(t *testing.T) {
 }
 
 // setPodIPs writes the addresses of container id's attachment as the
-// Pod's status.podIPs.
-func (n *node) setPodIPs(t *testing.T, ns, name, id string) {
+// Pod's status.podIPs, and returns them.
+func (n *node) setPodIPs(t *testing.T, ns, name, id string) []netip.Addr {
 	t.Helper()
 	atts, err := n.st.ListAttachments(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ips []netip.Addr
+	for _, a := range atts {
+		if a.ContainerID == id {
+			ips = append(ips, a.Addrs...)
+		}
+	}
+	if len(ips) == 0 {
+		t.Fatalf("no attachment of container %s", id)
+	}
+	n.setPodStatus(t, ns, name, ips, corev1.PodRunning)
+	return ips
+}
+
+// setPodStatus writes the Pod's status.podIPs and phase.
+func (n *node) setPodStatus(t *testing.T, ns, name string, ips []netip.Addr, phase corev1.PodPhase) {
+	t.Helper()
 	pod := &corev1.Pod{}
 	if err := n.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range atts {
-		if a.ContainerID == id {
-			for _, ip := range a.Addrs {
-				pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip.String()})
-			}
-		}
+	pod.Status.PodIPs = nil
+	for _, ip := range ips {
+		pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip.String()})
 	}
-	if len(pod.Status.PodIPs) == 0 {
-		t.Fatalf("no attachment of container %s", id)
-	}
-	pod.Status.PodIP = pod.Status.PodIPs[0].IP
+	pod.Status.PodIP, pod.Status.Phase = pod.Status.PodIPs[0].IP, phase
 	if err := n.c.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}

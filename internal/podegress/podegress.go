@@ -346,7 +346,7 @@ func (c *Client) apply(netnsPath string, cfg egress.ClientConfig) error {
 }
 
 // slimPod keeps of a cached Pod what the Client reads: its identity (for
-// events), its egress annotations, hostNetwork and its addresses.
+// events), its egress annotations, hostNetwork, its addresses and phase.
 func slimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -364,7 +364,7 @@ func slimPod(obj any) (any, error) {
 		}
 	}
 	slim.Spec.NodeName, slim.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
-	slim.Status.PodIPs = p.Status.PodIPs
+	slim.Status.PodIPs, slim.Status.Phase = p.Status.PodIPs, p.Status.Phase
 	return slim, nil
 }
 
