@@ -490,6 +490,39 @@ func TestKubernetesPods(t *testing.T) {
 		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
 		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
 	})
+	t.Run("failing re-apply: retried, one event", func(t *testing.T) {
+		n.rec.fail(errors.New("injected re-apply failure"), nil)
+		before := len(n.rec.of(web.Path()))
+		v := "nat2"
+		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		// Retried with backoff (0.1 s, 0.2 s, 0.4 s, ...).
+		kubenode.Eventually(t, 20*time.Second, "retries of the re-apply", func() string {
+			if got := len(n.rec.of(web.Path())) - before; got < 4 {
+				return fmt.Sprintf("%d Apply calls", got)
+			}
+			return ""
+		})
+		n.rec.fail(nil, nil)
+		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		n.waitEvent(t, "web", podegress.ReasonEgressFailed, "injected re-apply failure")
+		time.Sleep(2 * time.Second) // the event sink is asynchronous
+		var l corev1.EventList
+		if err := n.c.List(context.Background(), &l, client.InNamespace("app")); err != nil {
+			t.Fatal(err)
+		}
+		count := 0
+		for _, e := range l.Items {
+			if e.InvolvedObject.Name == "web" && e.Reason == podegress.ReasonEgressFailed && strings.Contains(e.Message, "injected re-apply failure") {
+				count += int(e.Count)
+			}
+		}
+		if count != 1 {
+			t.Errorf("%d EgressFailed events for one failure retried; want 1", count)
+		}
+		v = "nat"
+		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+	})
 	t.Run("DEL despite a failing data plane", func(t *testing.T) {
 		before := len(n.rec.of(web.Path()))
 		n.rec.fail(nil, errors.New("injected failure of the zero config"))

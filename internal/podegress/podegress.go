@@ -127,8 +127,9 @@ type podState struct {
 	// for a pod found again after a restart until it is first applied.
 	applied egress.ClientConfig
 	known   bool
-	// problem is the last Warning recorded, not repeated while it stays.
-	problem string
+	// problem is the last Warning recorded, not repeated while it stays;
+	// failed likewise for the last failed re-apply.
+	problem, failed string
 	// gateways is len(applied.Gateways), guarded by Client.mu (metrics).
 	gateways int
 }

@@ -174,9 +174,14 @@ func (c *Client) sync(ctx context.Context, key types.NamespacedName) error {
 		return nil
 	}
 	if err := c.apply(st.netns, cfg); err != nil {
-		c.warn(pod, ReasonEgressFailed, "egress of pod "+key.String()+": "+err.Error())
+		// Retried with backoff: one event while the failure stays the same.
+		if msg := "egress of pod " + key.String() + ": " + err.Error(); msg != st.failed {
+			c.warn(pod, ReasonEgressFailed, msg)
+			st.failed = msg
+		}
 		return err
 	}
+	st.failed = ""
 	c.mu.Lock()
 	st.applied, st.known, st.gateways = cfg, true, len(cfg.Gateways)
 	c.mu.Unlock()
