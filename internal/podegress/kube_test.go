@@ -716,6 +716,38 @@ func TestKubernetesPods(t *testing.T) {
 		v := "nat2"
 		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
 		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+
+		// Close while a re-apply runs and another pod's waits behind it:
+		// the running one ends, the waiting one is dropped.
+		entered, release := make(chan struct{}), make(chan struct{})
+		n.rec.mu.Lock()
+		n.rec.hold, n.rec.holdNetNS = func() { close(entered); <-release }, api.Path()
+		n.rec.mu.Unlock()
+		v = "nat"
+		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		select {
+		case <-entered:
+		case <-time.After(20 * time.Second):
+			t.Fatal("no re-apply after the annotation changed")
+		}
+		n.rec.mu.Lock()
+		n.rec.hold = nil
+		n.rec.mu.Unlock()
+		oldCalls := len(n.rec.of(old.Path()))
+		n.annotate(t, "app", "old", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		time.Sleep(time.Second) // old is queued behind api by then
+		closed := make(chan struct{})
+		go func() { pe.Close(); close(closed) }()
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		select {
+		case <-closed:
+		case <-time.After(20 * time.Second):
+			t.Fatal("Close did not return")
+		}
+		if got := n.rec.of(old.Path())[oldCalls:]; len(got) != 0 {
+			t.Errorf("Apply calls after Close: %+v; want none", got)
+		}
 	})
 }
 

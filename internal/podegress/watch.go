@@ -127,6 +127,10 @@ func (c *Client) run(ctx context.Context) {
 		if shutdown {
 			return
 		}
+		if ctx.Err() != nil { // closed: what is still queued is dropped
+			c.queue.Done(key)
+			continue
+		}
 		if err := c.sync(ctx, key); err != nil {
 			c.log.Warn("egress: re-apply a pod's tunnels; retrying", "pod", key, "err", err)
 			c.queue.AddRateLimited(key)
