@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -787,4 +788,38 @@ func (n *node) setPodStatus(t *testing.T, ns, name string, ips []netip.Addr, pha
 	if err := n.c.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMissingCRD: without the Egress CRD, New fails at once with an error
+// saying so and naming --egress=false (skeind then does not start).
+func TestMissingCRD(t *testing.T) {
+	harness.RequireRoot(t)
+	dir := t.TempDir()
+	crds, err := filepath.Glob(filepath.Join("..", "..", "deploy", "kubernetes", "crd", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("the CRDs: %v %v", crds, err)
+	}
+	for _, f := range crds {
+		if strings.Contains(f, "egresses") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := kube.Start(t, kube.Options{CRDDir: dir})
+	start := time.Now()
+	_, err = podegress.New(context.Background(), podegress.Options{Config: env.Config, Node: "n1", Applier: &recorder{},
+		SyncTimeout: 20 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "Egress CRD") || !strings.Contains(err.Error(), "--egress=false") {
+		t.Fatalf("New without the Egress CRD: %v; want an error naming the CRD and --egress=false", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("New took %v to fail; want at once, not after the caches' timeout", took)
+	}
+	t.Logf("New: %v", err)
 }
