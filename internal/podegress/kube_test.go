@@ -633,6 +633,35 @@ func TestKubernetesPods(t *testing.T) {
 			t.Fatalf("Apply calls %+v, want ADD's, the re-apply's, then DEL's zero config: %+v", calls, want)
 		}
 	})
+	t.Run("second interface", func(t *testing.T) {
+		// A pod with two interfaces of skein (Multus' secondary
+		// network): the DEL of the second leaves the tunnels, and the pod
+		// followed; the DEL of the first removes them.
+		multi := harness.NewNS(t, "pod")
+		n.createPod(t, "app", "multi", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+		eth0 := cniReq("app", "multi", multi.Path())
+		net1 := cniReq("app", "multi", multi.Path())
+		net1.Ifname = "net1"
+		for _, r := range []*rpc.CNIRequest{eth0, net1} {
+			if err := n.add(t, r); err != nil {
+				t.Fatalf("ADD of %s: %v", r.Ifname, err)
+			}
+		}
+		if err := n.del(t, net1); err != nil {
+			t.Fatal(err)
+		}
+		want := egress.ClientConfig{Gateways: []egress.Gateway{natGW}}
+		if calls := n.rec.of(multi.Path()); !reflect.DeepEqual(calls, []egress.ClientConfig{want, want}) {
+			t.Fatalf("Apply calls of ADD eth0, ADD net1, DEL net1: %+v; want the gateway twice, no zero config", calls)
+		}
+		v := "nat2"
+		n.annotate(t, "app", "multi", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		n.waitApplied(t, multi.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		if err := n.del(t, eth0); err != nil {
+			t.Fatal(err)
+		}
+		n.waitApplied(t, multi.Path(), egress.ClientConfig{})
+	})
 	t.Run("cost on ADD", func(t *testing.T) {
 		// What the hook adds to an ADD besides the data plane's own work
 		// (the recorder's is nil): cache reads and the resolution.
