@@ -351,7 +351,7 @@ func (a *Agent) podDeleted(obj any) {
 	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	if p, ok := obj.(*corev1.Pod); ok && a.peers.remove(p.UID) {
+	if p, ok := obj.(*corev1.Pod); ok && a.peers.remove(podKey(p)) {
 		a.poke()
 	}
 }
