@@ -244,7 +244,12 @@ func (r *EgressReconciler) mutateService(eg *skeinv1.Egress, svc *corev1.Service
 	svc.Labels = mergeLabels(svc.Labels, EgressSelector(eg))
 	svc.Spec.Selector = EgressSelector(eg)
 	svc.Spec.Type = corev1.ServiceTypeClusterIP
-	if svc.Spec.IPFamilyPolicy == nil { // PreferDualStack: IPv6 clients too
+	// PreferDualStack: on a dual-stack cluster the Service has a ClusterIP
+	// of each family, and IPv6 clients need the IPv6 one for their
+	// tunnels. A single-stack Service (edited so, or one of this name
+	// adopted) is turned back: the API server then adds the other family.
+	// RequireDualStack, set by hand, is kept.
+	if p := svc.Spec.IPFamilyPolicy; p == nil || *p == corev1.IPFamilyPolicySingleStack {
 		svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack)
 	}
 	svc.Spec.Ports = []corev1.ServicePort{{
