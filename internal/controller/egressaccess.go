@@ -135,6 +135,7 @@ func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[strin
 		subjects = append(subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: EgressServiceAccount, Namespace: ns})
 	}
 	slices.SortFunc(subjects, func(a, b rbacv1.Subject) int { return cmpString(a.Namespace, b.Namespace) })
+	role := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: EgressRBACName}
 	crb := &rbacv1.ClusterRoleBinding{}
 	err := r.reader().Get(ctx, client.ObjectKey{Name: EgressRBACName}, crb)
 	if apierrors.IsNotFound(err) {
@@ -143,7 +144,7 @@ func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[strin
 		}
 		crb = &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: EgressRBACName, Labels: mergeLabels(nil, egressManagedBy)},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: EgressRBACName},
+			RoleRef:    role,
 			Subjects:   subjects,
 		}
 		if err := r.Client.Create(ctx, crb); err != nil {
@@ -153,6 +154,12 @@ func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[strin
 	}
 	if err != nil {
 		return fmt.Errorf("get ClusterRoleBinding %s: %w", EgressRBACName, err)
+	}
+	// A binding of this name to another role (its role cannot be changed)
+	// would give the router accounts that role: left alone.
+	if crb.RoleRef != role {
+		return fmt.Errorf("ClusterRoleBinding %s binds %s %s, not ClusterRole %s: router accounts not added (delete it, and the controller makes its own)",
+			EgressRBACName, crb.RoleRef.Kind, crb.RoleRef.Name, EgressRBACName)
 	}
 	if equality.Semantic.DeepEqual(crb.Subjects, subjects) || len(crb.Subjects) == 0 && len(subjects) == 0 {
 		return nil
