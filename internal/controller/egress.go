@@ -150,8 +150,11 @@ func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Depl
 	dep.Spec.Replicas = ptr.To(ptr.Deref(eg.Spec.Replicas, 1))
 	if eg.Spec.Strategy != nil {
 		dep.Spec.Strategy = *eg.Spec.Strategy.DeepCopy()
-	} else if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
-		dep.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType}
+	} else if def := defaultStrategy(); !equality.Semantic.DeepEqual(dep.Spec.Strategy, def) {
+		// Spelled out as the API server defaults it, so that a strategy
+		// removed from the Egress goes (its parameters too) and an
+		// unchanged one is not written again.
+		dep.Spec.Strategy = def
 	}
 	tmpl := r.podTemplate(eg)
 	// The API server fills in defaults, so the template read back never
@@ -170,6 +173,16 @@ func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Depl
 		dep.Annotations[annotationTemplateHash] = sum
 	}
 	return controllerutil.SetControllerReference(eg, dep, r.Scheme)
+}
+
+// defaultStrategy is a Deployment's strategy as the API server defaults
+// it: a rolling update, 25% unavailable, 25% surge.
+func defaultStrategy() appsv1.DeploymentStrategy {
+	quarter := intstr.FromString("25%")
+	return appsv1.DeploymentStrategy{
+		Type:          appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr.To(quarter), MaxSurge: ptr.To(quarter)},
+	}
 }
 
 // podTemplate is the router pod template of eg: the defaults, with

@@ -14,6 +14,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -513,4 +514,45 @@ func TestEgressServiceDualStack(t *testing.T) {
 		return ""
 	})
 	dualStack("the Service after a single-stack edit")
+}
+
+// A strategy removed from the Egress is removed from its Deployment: the
+// Deployment's default rolling update again, not the old parameters.
+func TestEgressStrategyRemoved(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("strat", "192.0.2.0/24")
+	zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
+	eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &zero, MaxSurge: &one}}
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	strategy := func(wantUnavailable, wantSurge string) func() string {
+		return func() string {
+			dep, msg := getDeployment(t, c, "strat")
+			if msg != "" {
+				return msg
+			}
+			ru := dep.Spec.Strategy.RollingUpdate
+			if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
+				ru.MaxUnavailable.String() != wantUnavailable || ru.MaxSurge.String() != wantSurge {
+				return fmt.Sprintf("strategy %s %+v, want RollingUpdate maxUnavailable %s maxSurge %s", dep.Spec.Strategy.Type, ru, wantUnavailable, wantSurge)
+			}
+			return ""
+		}
+	}
+	eventually(t, "the Egress's strategy", strategy("0", "1"))
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Spec.Strategy = nil })
+	eventually(t, "the default strategy", strategy("25%", "25%"))
+
+	// And it stays put: a reconcile writes nothing.
+	dep, _ := getDeployment(t, c, "strat")
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Annotations = map[string]string{"poke": "1"} })
+	for range 20 {
+		if d, _ := getDeployment(t, c, "strat"); d.ResourceVersion != dep.ResourceVersion {
+			t.Fatalf("steady egress rewrote its deployment: %s -> %s", dep.ResourceVersion, d.ResourceVersion)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
