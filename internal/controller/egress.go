@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
@@ -54,14 +55,20 @@ type EgressReconciler struct {
 }
 
 // SetupWithManager registers the reconciler with mgr: it runs for an
-// Egress and for every change of a Deployment or Service it owns.
+// Egress and for every change of a Deployment or Service it owns; and,
+// once mgr leads, the routers' binding is synced with the Egresses there
+// are.
 func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	err := ctrl.NewControllerManagedBy(mgr).
 		For(&skeinv1.Egress{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Named("egress").
 		Complete(countErrors("egress", r))
+	if err != nil {
+		return err
+	}
+	return mgr.Add(manager.RunnableFunc(r.syncBindingAtStart))
 }
 
 // EgressSelector is the label set of an Egress's router pods, the

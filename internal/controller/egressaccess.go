@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
@@ -70,6 +72,46 @@ func (r *EgressReconciler) syncAccess(ctx context.Context, ns string) error {
 	// before it is granted; removing, the grant goes with the account.
 	if err := r.syncServiceAccount(ctx, ns, here); err != nil {
 		return err
+	}
+	return r.syncBinding(ctx, namespaces)
+}
+
+// syncBindingAtStart makes the binding match the Egresses once the
+// controller leads: an Egress deleted while no controller ran leaves no
+// event, and when it was the last one anywhere no later reconcile would
+// take its namespace's subject out (the account there is gone with its
+// owners, but one made again under that name would inherit the grant).
+// Errors are retried with backoff until ctx ends.
+func (r *EgressReconciler) syncBindingAtStart(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		err := r.syncAllBindings(ctx)
+		if err == nil {
+			return nil
+		}
+		reconcileErrors.WithLabelValues("egress-binding").Inc()
+		log.FromContext(ctx).Error(err, "sync the egress routers' binding at start; retrying", "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Minute)
+	}
+}
+
+// syncAllBindings makes the binding list the namespaces holding a live
+// Egress.
+func (r *EgressReconciler) syncAllBindings(ctx context.Context) error {
+	var all skeinv1.EgressList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return fmt.Errorf("list egresses: %w", err)
+	}
+	namespaces := map[string]bool{}
+	for _, eg := range all.Items {
+		if eg.DeletionTimestamp.IsZero() {
+			namespaces[eg.Namespace] = true
+		}
 	}
 	return r.syncBinding(ctx, namespaces)
 }

@@ -347,3 +347,38 @@ func TestEgressBindingOfAnotherRole(t *testing.T) {
 		t.Errorf("the other role's binding got subjects %+v, want its own %+v", got.Subjects, theirs.Subjects)
 	}
 }
+
+// An Egress deleted while no controller ran leaves no event to reconcile:
+// when it was the last one anywhere, its namespace's subject is still
+// taken out of the binding once a controller starts.
+func TestEgressBindingSyncedAtStart(t *testing.T) {
+	env := kube.Start(t, kube.Options{APIServerArgs: []string{"--allow-privileged=true"}})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// What the controller had made for the Egress of namespace "gone",
+	// deleted while it was away.
+	stale := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: EgressRBACName, Labels: egressManagedBy},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: EgressRBACName},
+		Subjects: []rbacv1.Subject{
+			{Kind: rbacv1.ServiceAccountKind, Name: EgressServiceAccount, Namespace: "gone"},
+		},
+	}
+	if err := c.Create(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, Options{})
+	eventually(t, "the stale subject removed", func() string {
+		got, msg := bindingNamespaces(c)
+		if msg != "" {
+			return msg
+		}
+		if len(got) != 0 {
+			return fmt.Sprintf("binding's namespaces %v, want none (no Egress left)", got)
+		}
+		return ""
+	})
+}
