@@ -558,3 +558,30 @@ func TestRunStopsInformersOnError(t *testing.T) {
 		t.Errorf("after Run returned, its pod informer still ran: peers %v of %d pods", got, pods)
 	}
 }
+
+// TestEgressDeletedWhileRunning: the Egress going (its router pods are
+// stopped by the garbage collector soon after) neither closes the data
+// plane nor stops it following clients: connections through it live on
+// until SIGTERM.
+func TestEgressDeletedWhileRunning(t *testing.T) {
+	r := start(t, 0)
+	use := map[string]string{skeinv1.AnnotationEgressPrefix + egNS: "nat"}
+	r.createPod(t, "apps", "a", use, false, corev1.PodRunning, "10.1.0.1")
+	eg := r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	r.wantPeers(t, "first sync", "10.1.0.1")
+	if err := r.c.Delete(context.Background(), eg); err != nil {
+		t.Fatal(err)
+	}
+	r.createPod(t, "apps", "b", use, false, corev1.PodRunning, "10.1.0.2")
+	r.wantPeers(t, "a client after the Egress went", "10.1.0.1", "10.1.0.2")
+	if n := len(r.op.all()); n != 1 {
+		t.Errorf("%d data planes opened, want the first one kept", n)
+	}
+	cur := r.op.current()
+	cur.mu.Lock()
+	closed := cur.closed
+	cur.mu.Unlock()
+	if closed || !r.agent.Ready() {
+		t.Errorf("after the Egress went: data plane closed %v, ready %v; want open and ready", closed, r.agent.Ready())
+	}
+}
