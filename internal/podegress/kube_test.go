@@ -465,13 +465,22 @@ func TestKubernetesPods(t *testing.T) {
 		natGW = gateway("nat", newIPs, true, "0.0.0.0/0", "2001:db8::/32")
 		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}})
 	})
-	t.Run("egress deleted, other gateway stays", func(t *testing.T) {
+	t.Run("egress deleted: its tunnel stays, fail closed", func(t *testing.T) {
 		eg := &skeinv1.Egress{ObjectMeta: metav1.ObjectMeta{Namespace: "gw", Name: "nat2"}}
 		if err := n.c.Delete(context.Background(), eg); err != nil {
 			t.Fatal(err)
 		}
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
 		n.waitEvent(t, "web", podegress.ReasonEgressNotFound, "Egress gw/nat2")
+		// The event comes from the re-apply that saw nat2 missing: what
+		// it applied (if anything) must still hold nat2's last tunnel,
+		// not send its destinations out directly.
+		kept := egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}}
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			calls := n.rec.of(web.Path())
+			if last := calls[len(calls)-1]; !reflect.DeepEqual(last, kept) {
+				t.Fatalf("after Egress gw/nat2 was deleted the pod has %+v, want nat's and nat2's last tunnels kept", last)
+			}
+		}
 		// Made again: applied again.
 		kubenode.Eventually(t, 30*time.Second, "Egress gw/nat2 gone", func() string {
 			err := n.c.Get(context.Background(), client.ObjectKeyFromObject(eg), &skeinv1.Egress{})

@@ -11,8 +11,10 @@
 // Afterwards a watch of this node's pods, of Egresses and of their
 // Services re-applies on every change that matters to a pod (coalesced,
 // one pod at a time, serialised with its ADD and DEL); there a gateway
-// that went missing is reported as a Warning event on the Pod and the
-// others stay applied. DEL removes the tunnels, best effort.
+// that went missing is reported as a Warning event on the Pod and keeps
+// its last tunnel (fail closed: its destinations are not sent directly)
+// until it is back or the annotation drops it; the others stay applied.
+// DEL removes the tunnels, best effort.
 //
 // Everything an ADD reads comes from informer caches: a pod without the
 // annotation costs a cache lookup and no API request (unless the cache has

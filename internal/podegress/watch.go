@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/egress"
 	"github.com/skeinnet/skein/internal/netns"
 )
 
@@ -164,9 +166,16 @@ func (c *Client) sync(ctx context.Context, key types.NamespacedName) error {
 	cfg, problems := c.desired(ctx, pod)
 	problem := ""
 	if len(problems) > 0 {
+		// Fail closed, as ADD does: a gateway the pod still names but
+		// that cannot be resolved now keeps its last tunnel, so its
+		// destinations go nowhere rather than out directly.
+		if st.known {
+			cfg = keepUnresolved(cfg, st.applied, Wanted(pod.Annotations))
+		}
 		problem = errors.Join(problems...).Error()
 		if problem != st.problem {
-			c.warn(pod, ReasonEgressNotFound, "egress of pod "+key.String()+": "+problem+"; the pod's other gateways stay")
+			c.warn(pod, ReasonEgressNotFound, "egress of pod "+key.String()+": "+problem+
+				"; its last tunnel stays until it is back or the annotation drops it (its destinations are not sent directly), the pod's other gateways stay")
 		}
 	}
 	st.problem = problem
@@ -232,4 +241,24 @@ func (c *Client) followed(id string) bool {
 		}
 	}
 	return false
+}
+
+// keepUnresolved adds to cfg the gateways of applied that the pod still
+// wants but cfg lacks (they could not be resolved), in the order ADD
+// uses: by namespace and name.
+func keepUnresolved(cfg, applied egress.ClientConfig, wanted []types.NamespacedName) egress.ClientConfig {
+	has := func(gws []egress.Gateway, k types.NamespacedName) bool {
+		return slices.ContainsFunc(gws, func(g egress.Gateway) bool { return g.Namespace == k.Namespace && g.Name == k.Name })
+	}
+	out := egress.ClientConfig{Gateways: slices.Clone(cfg.Gateways)}
+	for _, g := range applied.Gateways {
+		k := types.NamespacedName{Namespace: g.Namespace, Name: g.Name}
+		if slices.Contains(wanted, k) && !has(out.Gateways, k) {
+			out.Gateways = append(out.Gateways, g)
+		}
+	}
+	slices.SortFunc(out.Gateways, func(a, b egress.Gateway) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return out
 }
