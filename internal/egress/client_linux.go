@@ -65,13 +65,15 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 	// A family the pod has no address of gets no tunnel: its traffic
 	// cannot leave the pod at all (a single-stack pod of a dual-stack
 	// Egress).
-	for _, v6 := range []bool{false, true} {
-		has, err := hasGlobalAddr(h, v6)
+	if !plan.empty() {
+		has, err := globalFamilies(h)
 		if err != nil {
 			return err
 		}
-		if !has {
-			plan = plan.withoutFamily(v6)
+		for _, v6 := range []bool{false, true} {
+			if !has[boolFam(v6)] {
+				plan = plan.withoutFamily(v6)
+			}
 		}
 	}
 
@@ -96,9 +98,13 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 		return err
 	}
 	cur, foreign := ts.ours, ts.foreign
-	oldRoutes, err := listRoutes(h, []int{TableNarrow, TableWide}, ts.index)
-	if err != nil {
-		return err
+	// Routes of ours go through devices of ours: a pod without any (the
+	// ADD of a new pod) has none, and the route dump is spared.
+	var oldRoutes []route
+	if len(ts.index) > 0 {
+		if oldRoutes, err = listRoutes(h, []int{TableNarrow, TableWide}, ts.index); err != nil {
+			return err
+		}
 	}
 	haveFoU := map[fouPort]bool{} // none can exist without the module
 	if requireFoU() == nil {
@@ -258,19 +264,20 @@ func fouWanted(want []fouPort, f fouPort) bool {
 	return false
 }
 
-// hasGlobalAddr reports whether the pod has an address of the family
-// with global scope.
-func hasGlobalAddr(h *netlink.Handle, v6 bool) (bool, error) {
-	as, err := h.AddrList(nil, nlFamily(v6))
+// globalFamilies reports, by family (0 = IPv4, 1 = IPv6), whether the
+// pod has an address of global scope: one dump for both.
+func globalFamilies(h *netlink.Handle) ([2]bool, error) {
+	var has [2]bool
+	as, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
-		return false, fmt.Errorf("list addresses: %w", err)
+		return has, fmt.Errorf("list addresses: %w", err)
 	}
 	for _, a := range as {
-		if a.Scope == int(netlink.SCOPE_UNIVERSE) {
-			return true, nil
+		if a.Scope == int(netlink.SCOPE_UNIVERSE) && a.IP != nil {
+			has[boolFam(a.IP.To4() == nil)] = true
 		}
 	}
-	return false, nil
+	return has, nil
 }
 
 // sourceFor is the pod's source address towards remote.
@@ -289,7 +296,8 @@ func sourceFor(h *netlink.Handle, remote netip.Addr) (netip.Addr, error) {
 
 // addTunnel creates t; the undo deletes it.
 func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) (int, error) {
-	if err := h.LinkAdd(t.link()); err != nil {
+	l := t.link()
+	if err := h.LinkAdd(l); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			if foreign {
 				return 0, fmt.Errorf("create %s: %w", t.name, ErrNameClash)
@@ -300,13 +308,18 @@ func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) (int, erro
 		return 0, fmt.Errorf("create tunnel %s: %w", t.name, unsupported(err, t))
 	}
 	j.add(func() error { return delLink(h, t.name) })
-	return tagLink(h, t)
+	return tagLink(h, t, l)
 }
 
-// tagLink sets t's alias, the tag that marks it ours (the kernel ignores
-// IFLA_IFALIAS in a link's creation request), and returns its index.
-func tagLink(h *netlink.Handle, t tunnel) (int, error) {
-	l, err := h.LinkByName(t.name)
+// tagLink sets the alias of t, just made as l, the tag that marks it ours
+// (the kernel ignores IFLA_IFALIAS in a link's creation request), and
+// returns its index. LinkAdd has looked the index up into l already; it
+// is looked up again only when it has not.
+func tagLink(h *netlink.Handle, t tunnel, l netlink.Link) (int, error) {
+	var err error
+	if l.Attrs().Index == 0 {
+		l, err = h.LinkByName(t.name)
+	}
 	if err == nil {
 		err = h.LinkSetAlias(l, t.alias)
 	}
@@ -329,10 +342,11 @@ func delTunnel(h *netlink.Handle, t tunnel, routes []route, j *journal) error {
 		}
 	}
 	j.add(func() error {
-		if err := h.LinkAdd(t.link()); err != nil {
+		l := t.link()
+		if err := h.LinkAdd(l); err != nil {
 			return fmt.Errorf("recreate %s: %w", t.name, err)
 		}
-		if _, err := tagLink(h, t); err != nil {
+		if _, err := tagLink(h, t, l); err != nil {
 			return err
 		}
 		for _, r := range mine {
