@@ -56,11 +56,12 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 	if hasV4(plan) {
 		kv = [][2]string{{"net/ipv4/conf/all/rp_filter", "0"}, {"net/ipv4/conf/default/rp_filter", "0"}}
 	}
-	h, old, err := openHandleSysctls(netnsPath, false, kv)
+	h, rs, old, err := openHandles(netnsPath, false, kv, true)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	defer rs.Close()
 
 	// A family the pod has no address of gets no tunnel: its traffic
 	// cannot leave the pod at all (a single-stack pod of a dual-stack
@@ -81,7 +82,7 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 	if len(old) > 0 {
 		j.add(func() error { _, err := swapSysctls(netnsPath, old); return err })
 	}
-	if err := applyClient(h, plan, &j); err != nil {
+	if err := applyClient(h, rs, plan, &j); err != nil {
 		if uerr := j.undo(); uerr != nil {
 			return fmt.Errorf("%w (and undoing: %w)", err, uerr)
 		}
@@ -92,7 +93,7 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 
 // applyClient makes the changes, adding before deleting, and records the
 // undo of each in j.
-func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
+func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal) error {
 	ts, err := listTunnels(h, clientPrefix4, clientPrefix6)
 	if err != nil {
 		return err
@@ -195,17 +196,21 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 		}
 	}
 
-	// 4. Policy rules.
+	// 4. Policy rules, all missing ones in one request.
 	wantRule := map[rule]bool{}
+	var missing []rule
 	for _, r := range plan.rules {
 		wantRule[r] = true
-		if haveRules[r] {
-			continue
+		if !haveRules[r] {
+			missing = append(missing, r)
 		}
-		if err := h.RuleAdd(r.nl()); err != nil {
-			return fmt.Errorf("add rule pref %d: %w", r.prio, err)
-		}
-		j.add(func() error { return h.RuleDel(r.nl()) })
+	}
+	added, err := addRules(rs, missing)
+	for _, r := range added {
+		j.add(func() error { return delRuleIfThere(h, r) })
+	}
+	if err != nil {
+		return err
 	}
 
 	// 5. Remove what is no longer wanted: routes, rules, devices, ports.
@@ -356,6 +361,15 @@ func delTunnel(h *netlink.Handle, t tunnel, routes []route, j *journal) error {
 		}
 		return nil
 	})
+	return nil
+}
+
+// delRuleIfThere deletes r, one this call added; not finding it is no
+// error (addRules reports rules as maybe added when it cannot tell).
+func delRuleIfThere(h *netlink.Handle, r rule) error {
+	if err := h.RuleDel(r.nl()); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete rule pref %d: %w", r.prio, err)
+	}
 	return nil
 }
 

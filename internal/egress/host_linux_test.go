@@ -3,8 +3,11 @@ package egress
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/test/harness"
 )
@@ -80,4 +83,44 @@ func TestApplyClientBadInput(t *testing.T) {
 		t.Errorf("router without a local address: err = %v, want ErrInvalid", err)
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, pod))
+}
+
+// TestAddRulesBatch: the rules sent in one batched request are exactly
+// those RuleAdd would make (findRules, which matches every field, sees
+// them), and a failing one in the middle is reported while the others,
+// before and after it, are added and reported as added.
+func TestAddRulesBatch(t *testing.T) {
+	harness.RequireRoot(t)
+	pod := podNS(t)
+	h, rs, _, err := openHandles(pod.Path(), false, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	defer rs.Close()
+	all := append(clientRules(false), clientRules(true)...)
+	all = append(all, rule{prio: 3000, v6: false, iif: "eth0", table: 300})
+	clash := all[3]
+	if err := h.RuleAdd(clash.nl()); err != nil {
+		t.Fatal(err)
+	}
+	added, err := addRules(rs, all)
+	if !errors.Is(err, unix.EEXIST) || !strings.Contains(err.Error(), "pref 2001") {
+		t.Fatalf("addRules with pref %d there already: err = %v, want EEXIST naming it", clash.prio, err)
+	}
+	if len(added) != len(all)-1 || slices.Contains(added, clash) {
+		t.Fatalf("added = %v, want all but %v", added, clash)
+	}
+	have, err := findRules(h, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		if !have[r] {
+			t.Errorf("rule %+v not found after the batch", r)
+		}
+	}
+	if added, err := addRules(rs, nil); err != nil || added != nil {
+		t.Errorf("addRules of nothing = %v, %v", added, err)
+	}
 }

@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
@@ -29,28 +31,48 @@ func openHandle(path string, conntrack bool) (*netlink.Handle, error) {
 // openHandleSysctls is openHandle that also sets sysctls (see
 // swapSysctls) in the same namespace switch, returning their old values.
 func openHandleSysctls(path string, conntrack bool, kv [][2]string) (*netlink.Handle, [][2]string, error) {
+	h, _, old, err := openHandles(path, conntrack, kv, false)
+	return h, old, err
+}
+
+// openHandles is openHandleSysctls that also opens, when raw is set, a
+// route socket of the namespace of its own for batched requests (see
+// addRules), in the same switch: a switch costs more than a socket.
+func openHandles(path string, conntrack bool, kv [][2]string, raw bool) (*netlink.Handle, *routeSocket, [][2]string, error) {
 	protos := []int{unix.NETLINK_ROUTE, unix.NETLINK_GENERIC}
 	if conntrack {
 		protos = append(protos, unix.NETLINK_NETFILTER)
 	}
 	var h *netlink.Handle
+	var s *routeSocket
 	var old [][2]string
 	err := netns.Do(path, func() error {
 		var err error
 		if h, err = netlink.NewHandle(protos...); err != nil {
 			return err
 		}
+		if raw {
+			if s, err = openRouteSocket(); err != nil {
+				h.Close()
+				h = nil
+				return err
+			}
+		}
 		if old, err = swapHere(kv); err != nil {
 			_, _ = swapHere(old)
 			h.Close()
 			h = nil
+			if s != nil {
+				s.Close()
+				s = nil
+			}
 		}
 		return err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("netlink handle in %q: %w", path, err)
+		return nil, nil, nil, fmt.Errorf("netlink handle in %q: %w", path, err)
 	}
-	return h, old, nil
+	return h, s, old, nil
 }
 
 var fouMu sync.Mutex
@@ -234,6 +256,121 @@ func (r rule) nl() *netlink.Rule {
 	x.Dst = ipNet(r.dst)
 	x.IifName = r.iif
 	return x
+}
+
+// routeSocket is a plain rtnetlink socket (blocking; the kernel has
+// queued every answer by the time the send returns).
+type routeSocket struct {
+	fd  int
+	buf []byte
+}
+
+// openRouteSocket opens a route socket in the calling thread's namespace.
+func openRouteSocket() (*routeSocket, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("route socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind route socket: %w", err)
+	}
+	return &routeSocket{fd: fd, buf: make([]byte, 64<<10)}, nil
+}
+
+func (s *routeSocket) Close() error { return unix.Close(s.fd) }
+
+// receive reads one datagram of messages from the kernel.
+func (s *routeSocket) receive() ([]syscall.NetlinkMessage, error) {
+	for {
+		n, from, err := unix.Recvfrom(s.fd, s.buf, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
+			continue // not from the kernel
+		}
+		return syscall.ParseNetlinkMessage(s.buf[:n])
+	}
+}
+
+// addRules adds rs (none of which may exist yet) in one request of
+// several messages on s, a route socket of the namespace: the kernel
+// handles and acknowledges each in turn, the same as one RuleAdd each,
+// but in a single round trip. It returns the rules that were added, also
+// on error (the first failure, in the order of rs); when the answers
+// cannot be read, every rule is returned as maybe added.
+func addRules(s *routeSocket, rs []rule) ([]rule, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	var buf []byte
+	bySeq := map[uint32]int{}
+	for i, r := range rs {
+		req := nl.NewNetlinkRequest(unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+		msg := nl.NewRtMsg()
+		msg.Family = uint8(nlFamily(r.v6))
+		msg.Protocol = unix.RTPROT_BOOT
+		msg.Scope = unix.RT_SCOPE_UNIVERSE
+		msg.Type = unix.RTN_UNICAST // FR_ACT_TO_TBL
+		msg.Table = unix.RT_TABLE_UNSPEC
+		if r.table < 256 {
+			msg.Table = uint8(r.table)
+		}
+		var attrs []*nl.RtAttr
+		if r.dst.IsValid() {
+			msg.Dst_len = uint8(r.dst.Bits())
+			attrs = append(attrs, nl.NewRtAttr(unix.RTA_DST, r.dst.Addr().AsSlice()))
+		}
+		attrs = append(attrs, nl.NewRtAttr(nl.FRA_PRIORITY, nl.Uint32Attr(uint32(r.prio))))
+		if r.table >= 256 {
+			attrs = append(attrs, nl.NewRtAttr(nl.FRA_TABLE, nl.Uint32Attr(uint32(r.table))))
+		}
+		if r.iif != "" {
+			attrs = append(attrs, nl.NewRtAttr(nl.FRA_IIFNAME, []byte(r.iif+"\x00")))
+		}
+		req.AddData(msg)
+		for _, a := range attrs {
+			req.AddData(a)
+		}
+		bySeq[req.Seq] = i
+		buf = append(buf, req.Serialize()...)
+	}
+	if err := unix.Sendto(s.fd, buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("add %d rules: %w", len(rs), err)
+	}
+	errs := make([]error, len(rs))
+	acked := 0
+	for acked < len(rs) {
+		msgs, err := s.receive()
+		if err != nil {
+			return rs, fmt.Errorf("add %d rules: read the answers: %w", len(rs), err)
+		}
+		for _, m := range msgs {
+			i, ok := bySeq[m.Header.Seq]
+			if !ok || m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
+				continue
+			}
+			delete(bySeq, m.Header.Seq)
+			acked++
+			if errno := -int32(nl.NativeEndian().Uint32(m.Data[:4])); errno != 0 {
+				errs[i] = unix.Errno(errno)
+			}
+		}
+	}
+	var added []rule
+	var first error
+	for i, r := range rs {
+		if errs[i] == nil {
+			added = append(added, r)
+		} else if first == nil {
+			first = fmt.Errorf("add rule pref %d: %w", r.prio, errs[i])
+		}
+	}
+	return added, first
 }
 
 // findRules returns which of want exist in the namespace (exactly: same
