@@ -3,6 +3,7 @@ package egress
 import (
 	"errors"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -122,5 +123,43 @@ func TestAddRulesBatch(t *testing.T) {
 	}
 	if added, err := addRules(rs, nil); err != nil || added != nil {
 		t.Errorf("addRules of nothing = %v, %v", added, err)
+	}
+}
+
+// TestEnsureSysctlsReadsFirst: a sysctl that has its value already is not
+// written, so a router whose /proc/sys cannot be written (here: a
+// read-only sysctl stands for one) starts when the values are preset;
+// one that differs is written, and a failing write is a clear error.
+func TestEnsureSysctlsReadsFirst(t *testing.T) {
+	harness.RequireRoot(t)
+	pod := harness.NewNS(t, "egsys")
+	const ro = "net.ipv4.tcp_available_congestion_control" // mode 0444
+	var cur string
+	err := pod.Do(func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+		cur = strings.TrimSpace(string(b))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureSysctls(pod.Path(), [][2]string{{ro, cur}, {"net.ipv4.ip_forward", "1"}}); err != nil {
+		t.Fatalf("ensureSysctls with the read-only one already right: %v", err)
+	}
+	var fwd string
+	_ = pod.Do(func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		fwd = strings.TrimSpace(string(b))
+		return err
+	})
+	if fwd != "1" {
+		t.Errorf("ip_forward = %q after ensureSysctls, want 1", fwd)
+	}
+	err = ensureSysctls(pod.Path(), [][2]string{{ro, "bogus"}})
+	if err == nil || !strings.Contains(err.Error(), ro) || !strings.Contains(err.Error(), "read-only") {
+		t.Errorf("ensureSysctls writing a read-only sysctl: err = %v, want one naming it", err)
+	}
+	if err := ensureSysctls(pod.Path(), [][2]string{{"net.ipv4.no_such_thing", "1"}}); err == nil {
+		t.Error("ensureSysctls of a missing sysctl: no error")
 	}
 }

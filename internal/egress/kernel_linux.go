@@ -486,6 +486,36 @@ func (j *journal) undo() error {
 	return nil
 }
 
+// ensureSysctls makes each sysctl (name, value) inside the namespace at
+// path ("" = the current one) have its value, in one switch, writing only
+// those that differ: a pod whose /proc/sys is read-only (one without
+// privileges) works when the values are set for it beforehand. Names are
+// dotted ("net.ipv4.ip_forward") or, with a slash, paths below /proc/sys.
+// A name that does not exist is an error.
+func ensureSysctls(path string, kv [][2]string) error {
+	return netns.Do(path, func() error {
+		for _, p := range kv {
+			name := p[0]
+			if !strings.Contains(name, "/") {
+				name = strings.ReplaceAll(name, ".", "/")
+			}
+			file := "/proc/sys/" + name
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return fmt.Errorf("read sysctl %s: %w", p[0], err)
+			}
+			if strings.TrimSpace(string(b)) == p[1] {
+				continue
+			}
+			if err := os.WriteFile(file, []byte(p[1]), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s=%s (it is %s; where /proc/sys is read-only, set it for the pod beforehand): %w",
+					p[0], p[1], strings.TrimSpace(string(b)), err)
+			}
+		}
+		return nil
+	})
+}
+
 // swapSysctls writes each (name, value) inside the namespace at path in
 // one switch and returns the values they had before; names are paths
 // below /proc/sys. A name that does not exist is skipped.

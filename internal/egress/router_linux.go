@@ -144,7 +144,7 @@ func (r *Router) setup() error {
 	if r.cfg.Local6.IsValid() {
 		kv = append(kv, [2]string{"net.ipv6.conf.all.forwarding", "1"})
 	}
-	if err := netns.WriteSysctls(r.cfg.NetNS, kv...); err != nil {
+	if err := ensureSysctls(r.cfg.NetNS, kv); err != nil {
 		return err
 	}
 	have, err := listFoU(r.h)
