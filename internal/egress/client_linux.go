@@ -273,7 +273,7 @@ func fouWanted(want []fouPort, f fouPort) bool {
 // pod has an address of global scope: one dump for both.
 func globalFamilies(h *netlink.Handle) ([2]bool, error) {
 	var has [2]bool
-	as, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	as, err := redump(func() ([]netlink.Addr, error) { return h.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return has, fmt.Errorf("list addresses: %w", err)
 	}

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/test/harness"
@@ -161,5 +163,66 @@ func TestEnsureSysctlsReadsFirst(t *testing.T) {
 	}
 	if err := ensureSysctls(pod.Path(), [][2]string{{"net.ipv4.no_such_thing", "1"}}); err == nil {
 		t.Error("ensureSysctls of a missing sysctl: no error")
+	}
+}
+
+// TestDumpsRetryWhenInterrupted: a dump the kernel marks interrupted
+// (the table changed while it was read, as IPv6 configuring a new pod's
+// interface does during its ADD) is taken again instead of failing the
+// call.
+func TestDumpsRetryWhenInterrupted(t *testing.T) {
+	harness.RequireRoot(t)
+	pod := harness.NewNS(t, "egdump")
+	h, err := openHandle(pod.Path(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	d, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(d)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Enough addresses that a dump takes several reads, and a writer
+	// that changes them every 100 ms (a dump takes a few ms here:
+	// without the retry, some of 150 dumps are interrupted).
+	for i := 0; i < 2000; i++ {
+		a := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 9, byte(i / 200), byte(i%200 + 1)}), 32))}
+		if err := h.AddrAdd(d, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wh, err := openHandle(pod.Path(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wh.Close()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a := &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("10.9.9.9/32"))}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := wh.AddrAdd(d, a); err != nil && !errors.Is(err, unix.EEXIST) {
+				t.Errorf("churn: %v", err)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			_ = wh.AddrDel(d, a)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := 0; i < 150; i++ {
+		if _, err := globalFamilies(h); err != nil {
+			t.Fatalf("dump %d: %v", i, err)
+		}
 	}
 }

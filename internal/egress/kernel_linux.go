@@ -221,7 +221,7 @@ type tunnels struct {
 // listTunnels returns our tunnels among the links whose names carry one of
 // prefixes, and the names of foreign links among them.
 func listTunnels(h *netlink.Handle, prefixes ...string) (tunnels, error) {
-	links, err := h.LinkList()
+	links, err := redump(h.LinkList)
 	if err != nil {
 		return tunnels{}, fmt.Errorf("list links: %w", err)
 	}
@@ -373,11 +373,28 @@ func addRules(s *routeSocket, rs []rule) ([]rule, error) {
 	return added, first
 }
 
+// dumpTries is how often a dump is taken when the kernel marks it
+// interrupted (NLM_F_DUMP_INTR: the table changed while it was read, as
+// IPv6 configuring a new pod's interface makes its addresses change
+// during the ADD) before the call fails.
+const dumpTries = 8
+
+// redump runs the dump fn again while the kernel reports it interrupted.
+func redump[T any](fn func() (T, error)) (T, error) {
+	for i := 1; ; i++ {
+		v, err := fn()
+		if i < dumpTries && errors.Is(err, netlink.ErrDumpInterrupted) {
+			continue
+		}
+		return v, err
+	}
+}
+
 // findRules returns which of want exist in the namespace (exactly: same
 // priority, family, table, destination and input interface, nothing else).
 func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 	have := map[rule]bool{}
-	rs, err := h.RuleList(netlink.FAMILY_ALL)
+	rs, err := redump(func() ([]netlink.Rule, error) { return h.RuleList(netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("list rules: %w", err)
 	}
@@ -403,7 +420,9 @@ func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 // listRoutes returns the routes of tables whose device is one of devs
 // (by index), both families, in one dump.
 func listRoutes(h *netlink.Handle, tables []int, devs map[int]string) ([]route, error) {
-	rs, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	rs, err := redump(func() ([]netlink.Route, error) {
+		return h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
@@ -449,7 +468,7 @@ func (f fouPort) nl() netlink.Fou {
 // shape this package makes (direct encapsulation of the family's inner
 // protocol).
 func listFoU(h *netlink.Handle) (map[fouPort]bool, error) {
-	fs, err := h.FouList(unix.AF_INET)
+	fs, err := redump(func() ([]netlink.Fou, error) { return h.FouList(unix.AF_INET) })
 	if err != nil {
 		return nil, fmt.Errorf("list fou ports: %w", err)
 	}
