@@ -56,22 +56,25 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 	if hasV4(plan) {
 		kv = [][2]string{{"net/ipv4/conf/all/rp_filter", "0"}, {"net/ipv4/conf/default/rp_filter", "0"}}
 	}
-	h, old, err := openHandleSysctls(netnsPath, false, kv)
+	h, rs, old, err := openHandles(netnsPath, false, kv, true)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	defer rs.Close()
 
 	// A family the pod has no address of gets no tunnel: its traffic
 	// cannot leave the pod at all (a single-stack pod of a dual-stack
 	// Egress).
-	for _, v6 := range []bool{false, true} {
-		has, err := hasGlobalAddr(h, v6)
+	if !plan.empty() {
+		has, err := globalFamilies(h)
 		if err != nil {
 			return err
 		}
-		if !has {
-			plan = plan.withoutFamily(v6)
+		for _, v6 := range []bool{false, true} {
+			if !has[boolFam(v6)] {
+				plan = plan.withoutFamily(v6)
+			}
 		}
 	}
 
@@ -79,7 +82,7 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 	if len(old) > 0 {
 		j.add(func() error { _, err := swapSysctls(netnsPath, old); return err })
 	}
-	if err := applyClient(h, plan, &j); err != nil {
+	if err := applyClient(h, rs, plan, &j); err != nil {
 		if uerr := j.undo(); uerr != nil {
 			return fmt.Errorf("%w (and undoing: %w)", err, uerr)
 		}
@@ -90,15 +93,19 @@ func ApplyClient(netnsPath string, cfg ClientConfig) (retErr error) {
 
 // applyClient makes the changes, adding before deleting, and records the
 // undo of each in j.
-func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
+func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal) error {
 	ts, err := listTunnels(h, clientPrefix4, clientPrefix6)
 	if err != nil {
 		return err
 	}
 	cur, foreign := ts.ours, ts.foreign
-	oldRoutes, err := listRoutes(h, []int{TableNarrow, TableWide}, ts.index)
-	if err != nil {
-		return err
+	// Routes of ours go through devices of ours: a pod without any (the
+	// ADD of a new pod) has none, and the route dump is spared.
+	var oldRoutes []route
+	if len(ts.index) > 0 {
+		if oldRoutes, err = listRoutes(h, []int{TableNarrow, TableWide}, ts.index); err != nil {
+			return err
+		}
 	}
 	haveFoU := map[fouPort]bool{} // none can exist without the module
 	if requireFoU() == nil {
@@ -189,17 +196,21 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 		}
 	}
 
-	// 4. Policy rules.
+	// 4. Policy rules, all missing ones in one request.
 	wantRule := map[rule]bool{}
+	var missing []rule
 	for _, r := range plan.rules {
 		wantRule[r] = true
-		if haveRules[r] {
-			continue
+		if !haveRules[r] {
+			missing = append(missing, r)
 		}
-		if err := h.RuleAdd(r.nl()); err != nil {
-			return fmt.Errorf("add rule pref %d: %w", r.prio, err)
-		}
-		j.add(func() error { return h.RuleDel(r.nl()) })
+	}
+	added, err := addRules(rs, missing)
+	for _, r := range added {
+		j.add(func() error { return delRuleIfThere(h, r) })
+	}
+	if err != nil {
+		return err
 	}
 
 	// 5. Remove what is no longer wanted: routes, rules, devices, ports.
@@ -266,19 +277,20 @@ func fouWanted(want []fouPort, f fouPort) bool {
 	return false
 }
 
-// hasGlobalAddr reports whether the pod has an address of the family
-// with global scope.
-func hasGlobalAddr(h *netlink.Handle, v6 bool) (bool, error) {
-	as, err := h.AddrList(nil, nlFamily(v6))
+// globalFamilies reports, by family (0 = IPv4, 1 = IPv6), whether the
+// pod has an address of global scope: one dump for both.
+func globalFamilies(h *netlink.Handle) ([2]bool, error) {
+	var has [2]bool
+	as, err := redump(func() ([]netlink.Addr, error) { return h.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
-		return false, fmt.Errorf("list addresses: %w", err)
+		return has, fmt.Errorf("list addresses: %w", err)
 	}
 	for _, a := range as {
-		if a.Scope == int(netlink.SCOPE_UNIVERSE) {
-			return true, nil
+		if a.Scope == int(netlink.SCOPE_UNIVERSE) && a.IP != nil {
+			has[boolFam(a.IP.To4() == nil)] = true
 		}
 	}
-	return false, nil
+	return has, nil
 }
 
 // sourceFor is the pod's source address towards remote.
@@ -297,7 +309,8 @@ func sourceFor(h *netlink.Handle, remote netip.Addr) (netip.Addr, error) {
 
 // addTunnel creates t; the undo deletes it.
 func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) (int, error) {
-	if err := h.LinkAdd(t.link()); err != nil {
+	l := t.link()
+	if err := h.LinkAdd(l); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			if foreign {
 				return 0, fmt.Errorf("create %s: %w", t.name, ErrNameClash)
@@ -308,13 +321,18 @@ func addTunnel(h *netlink.Handle, t tunnel, foreign bool, j *journal) (int, erro
 		return 0, fmt.Errorf("create tunnel %s: %w", t.name, unsupported(err, t))
 	}
 	j.add(func() error { return delLink(h, t.name) })
-	return tagLink(h, t)
+	return tagLink(h, t, l)
 }
 
-// tagLink sets t's alias, the tag that marks it ours (the kernel ignores
-// IFLA_IFALIAS in a link's creation request), and returns its index.
-func tagLink(h *netlink.Handle, t tunnel) (int, error) {
-	l, err := h.LinkByName(t.name)
+// tagLink sets the alias of t, just made as l, the tag that marks it ours
+// (the kernel ignores IFLA_IFALIAS in a link's creation request), and
+// returns its index. LinkAdd has looked the index up into l already; it
+// is looked up again only when it has not.
+func tagLink(h *netlink.Handle, t tunnel, l netlink.Link) (int, error) {
+	var err error
+	if l.Attrs().Index == 0 {
+		l, err = h.LinkByName(t.name)
+	}
 	if err == nil {
 		err = h.LinkSetAlias(l, t.alias)
 	}
@@ -337,10 +355,11 @@ func delTunnel(h *netlink.Handle, t tunnel, routes []route, j *journal) error {
 		}
 	}
 	j.add(func() error {
-		if err := h.LinkAdd(t.link()); err != nil {
+		l := t.link()
+		if err := h.LinkAdd(l); err != nil {
 			return fmt.Errorf("recreate %s: %w", t.name, err)
 		}
-		if _, err := tagLink(h, t); err != nil {
+		if _, err := tagLink(h, t, l); err != nil {
 			return err
 		}
 		for _, r := range mine {
@@ -350,6 +369,15 @@ func delTunnel(h *netlink.Handle, t tunnel, routes []route, j *journal) error {
 		}
 		return nil
 	})
+	return nil
+}
+
+// delRuleIfThere deletes r, one this call added; not finding it is no
+// error (addRules reports rules as maybe added when it cannot tell).
+func delRuleIfThere(h *netlink.Handle, r rule) error {
+	if err := h.RuleDel(r.nl()); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete rule pref %d: %w", r.prio, err)
+	}
 	return nil
 }
 

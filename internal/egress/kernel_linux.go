@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
@@ -29,28 +31,48 @@ func openHandle(path string, conntrack bool) (*netlink.Handle, error) {
 // openHandleSysctls is openHandle that also sets sysctls (see
 // swapSysctls) in the same namespace switch, returning their old values.
 func openHandleSysctls(path string, conntrack bool, kv [][2]string) (*netlink.Handle, [][2]string, error) {
+	h, _, old, err := openHandles(path, conntrack, kv, false)
+	return h, old, err
+}
+
+// openHandles is openHandleSysctls that also opens, when raw is set, a
+// route socket of the namespace of its own for batched requests (see
+// addRules), in the same switch: a switch costs more than a socket.
+func openHandles(path string, conntrack bool, kv [][2]string, raw bool) (*netlink.Handle, *routeSocket, [][2]string, error) {
 	protos := []int{unix.NETLINK_ROUTE, unix.NETLINK_GENERIC}
 	if conntrack {
 		protos = append(protos, unix.NETLINK_NETFILTER)
 	}
 	var h *netlink.Handle
+	var s *routeSocket
 	var old [][2]string
 	err := netns.Do(path, func() error {
 		var err error
 		if h, err = netlink.NewHandle(protos...); err != nil {
 			return err
 		}
+		if raw {
+			if s, err = openRouteSocket(); err != nil {
+				h.Close()
+				h = nil
+				return err
+			}
+		}
 		if old, err = swapHere(kv); err != nil {
 			_, _ = swapHere(old)
 			h.Close()
 			h = nil
+			if s != nil {
+				s.Close()
+				s = nil
+			}
 		}
 		return err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("netlink handle in %q: %w", path, err)
+		return nil, nil, nil, fmt.Errorf("netlink handle in %q: %w", path, err)
 	}
-	return h, old, nil
+	return h, s, old, nil
 }
 
 var fouMu sync.Mutex
@@ -199,7 +221,7 @@ type tunnels struct {
 // listTunnels returns our tunnels among the links whose names carry one of
 // prefixes, and the names of foreign links among them.
 func listTunnels(h *netlink.Handle, prefixes ...string) (tunnels, error) {
-	links, err := h.LinkList()
+	links, err := redump(h.LinkList)
 	if err != nil {
 		return tunnels{}, fmt.Errorf("list links: %w", err)
 	}
@@ -236,11 +258,143 @@ func (r rule) nl() *netlink.Rule {
 	return x
 }
 
+// routeSocket is a plain rtnetlink socket (blocking; the kernel has
+// queued every answer by the time the send returns).
+type routeSocket struct {
+	fd  int
+	buf []byte
+}
+
+// openRouteSocket opens a route socket in the calling thread's namespace.
+func openRouteSocket() (*routeSocket, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("route socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind route socket: %w", err)
+	}
+	return &routeSocket{fd: fd, buf: make([]byte, 64<<10)}, nil
+}
+
+func (s *routeSocket) Close() error { return unix.Close(s.fd) }
+
+// receive reads one datagram of messages from the kernel.
+func (s *routeSocket) receive() ([]syscall.NetlinkMessage, error) {
+	for {
+		n, from, err := unix.Recvfrom(s.fd, s.buf, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
+			continue // not from the kernel
+		}
+		return syscall.ParseNetlinkMessage(s.buf[:n])
+	}
+}
+
+// addRules adds rs (none of which may exist yet) in one request of
+// several messages on s, a route socket of the namespace: the kernel
+// handles and acknowledges each in turn, the same as one RuleAdd each,
+// but in a single round trip. It returns the rules that were added, also
+// on error (the first failure, in the order of rs); when the answers
+// cannot be read, every rule is returned as maybe added.
+func addRules(s *routeSocket, rs []rule) ([]rule, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	var buf []byte
+	bySeq := map[uint32]int{}
+	for i, r := range rs {
+		req := nl.NewNetlinkRequest(unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+		msg := nl.NewRtMsg()
+		msg.Family = uint8(nlFamily(r.v6))
+		msg.Protocol = unix.RTPROT_BOOT
+		msg.Scope = unix.RT_SCOPE_UNIVERSE
+		msg.Type = unix.RTN_UNICAST // FR_ACT_TO_TBL
+		msg.Table = unix.RT_TABLE_UNSPEC
+		if r.table < 256 {
+			msg.Table = uint8(r.table)
+		}
+		var attrs []*nl.RtAttr
+		if r.dst.IsValid() {
+			msg.Dst_len = uint8(r.dst.Bits())
+			attrs = append(attrs, nl.NewRtAttr(unix.RTA_DST, r.dst.Addr().AsSlice()))
+		}
+		attrs = append(attrs, nl.NewRtAttr(nl.FRA_PRIORITY, nl.Uint32Attr(uint32(r.prio))))
+		if r.table >= 256 {
+			attrs = append(attrs, nl.NewRtAttr(nl.FRA_TABLE, nl.Uint32Attr(uint32(r.table))))
+		}
+		if r.iif != "" {
+			attrs = append(attrs, nl.NewRtAttr(nl.FRA_IIFNAME, []byte(r.iif+"\x00")))
+		}
+		req.AddData(msg)
+		for _, a := range attrs {
+			req.AddData(a)
+		}
+		bySeq[req.Seq] = i
+		buf = append(buf, req.Serialize()...)
+	}
+	if err := unix.Sendto(s.fd, buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("add %d rules: %w", len(rs), err)
+	}
+	errs := make([]error, len(rs))
+	acked := 0
+	for acked < len(rs) {
+		msgs, err := s.receive()
+		if err != nil {
+			return rs, fmt.Errorf("add %d rules: read the answers: %w", len(rs), err)
+		}
+		for _, m := range msgs {
+			i, ok := bySeq[m.Header.Seq]
+			if !ok || m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
+				continue
+			}
+			delete(bySeq, m.Header.Seq)
+			acked++
+			if errno := -int32(nl.NativeEndian().Uint32(m.Data[:4])); errno != 0 {
+				errs[i] = unix.Errno(errno)
+			}
+		}
+	}
+	var added []rule
+	var first error
+	for i, r := range rs {
+		if errs[i] == nil {
+			added = append(added, r)
+		} else if first == nil {
+			first = fmt.Errorf("add rule pref %d: %w", r.prio, errs[i])
+		}
+	}
+	return added, first
+}
+
+// dumpTries is how often a dump is taken when the kernel marks it
+// interrupted (NLM_F_DUMP_INTR: the table changed while it was read, as
+// IPv6 configuring a new pod's interface makes its addresses change
+// during the ADD) before the call fails.
+const dumpTries = 8
+
+// redump runs the dump fn again while the kernel reports it interrupted.
+func redump[T any](fn func() (T, error)) (T, error) {
+	for i := 1; ; i++ {
+		v, err := fn()
+		if i < dumpTries && errors.Is(err, netlink.ErrDumpInterrupted) {
+			continue
+		}
+		return v, err
+	}
+}
+
 // findRules returns which of want exist in the namespace (exactly: same
 // priority, family, table, destination and input interface, nothing else).
 func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 	have := map[rule]bool{}
-	rs, err := h.RuleList(netlink.FAMILY_ALL)
+	rs, err := redump(func() ([]netlink.Rule, error) { return h.RuleList(netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("list rules: %w", err)
 	}
@@ -266,7 +420,9 @@ func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 // listRoutes returns the routes of tables whose device is one of devs
 // (by index), both families, in one dump.
 func listRoutes(h *netlink.Handle, tables []int, devs map[int]string) ([]route, error) {
-	rs, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	rs, err := redump(func() ([]netlink.Route, error) {
+		return h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
@@ -312,7 +468,7 @@ func (f fouPort) nl() netlink.Fou {
 // shape this package makes (direct encapsulation of the family's inner
 // protocol).
 func listFoU(h *netlink.Handle) (map[fouPort]bool, error) {
-	fs, err := h.FouList(unix.AF_INET)
+	fs, err := redump(func() ([]netlink.Fou, error) { return h.FouList(unix.AF_INET) })
 	if err != nil {
 		return nil, fmt.Errorf("list fou ports: %w", err)
 	}
@@ -347,6 +503,36 @@ func (j *journal) undo() error {
 		return fmt.Errorf("%w: %w", ErrUndoFailed, errors.Join(errs...))
 	}
 	return nil
+}
+
+// ensureSysctls makes each sysctl (name, value) inside the namespace at
+// path ("" = the current one) have its value, in one switch, writing only
+// those that differ: a pod whose /proc/sys is read-only (one without
+// privileges) works when the values are set for it beforehand. Names are
+// dotted ("net.ipv4.ip_forward") or, with a slash, paths below /proc/sys.
+// A name that does not exist is an error.
+func ensureSysctls(path string, kv [][2]string) error {
+	return netns.Do(path, func() error {
+		for _, p := range kv {
+			name := p[0]
+			if !strings.Contains(name, "/") {
+				name = strings.ReplaceAll(name, ".", "/")
+			}
+			file := "/proc/sys/" + name
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return fmt.Errorf("read sysctl %s: %w", p[0], err)
+			}
+			if strings.TrimSpace(string(b)) == p[1] {
+				continue
+			}
+			if err := os.WriteFile(file, []byte(p[1]), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s=%s (it is %s; where /proc/sys is read-only, set it for the pod beforehand): %w",
+					p[0], p[1], strings.TrimSpace(string(b)), err)
+			}
+		}
+		return nil
+	})
 }
 
 // swapSysctls writes each (name, value) inside the namespace at path in

@@ -65,7 +65,9 @@ type Router struct {
 // off, FoU receive ports for the enabled families, the nftables table and
 // the policy rule to RouterTable. Tunnels left by an earlier run are
 // removed (SyncPeers makes the current ones); everything else is adopted
-// or replaced, so NewRouter may be called again after a crash.
+// or replaced, so NewRouter may be called again after a crash. The
+// sysctls are read first and only those not yet right are written, so a
+// pod whose /proc/sys is read-only works when they are set for it.
 func NewRouter(cfg RouterConfig) (_ *Router, retErr error) {
 	defer func() {
 		if retErr != nil {
@@ -144,7 +146,7 @@ func (r *Router) setup() error {
 	if r.cfg.Local6.IsValid() {
 		kv = append(kv, [2]string{"net.ipv6.conf.all.forwarding", "1"})
 	}
-	if err := netns.WriteSysctls(r.cfg.NetNS, kv...); err != nil {
+	if err := ensureSysctls(r.cfg.NetNS, kv); err != nil {
 		return err
 	}
 	have, err := listFoU(r.h)
