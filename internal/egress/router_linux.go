@@ -39,7 +39,9 @@ type RouterStats struct {
 	Tunnels int // tunnel devices present
 	Peers   int // client addresses in the last SyncPeers that have a tunnel
 	// ConntrackEntries are the connection-tracking entries whose original
-	// source is a peer (the NAT'd sessions).
+	// source is a peer and whose replies go to another address: the
+	// sessions SNAT'd for clients (not the tunnels' own FoU flows, nor a
+	// client's direct connections to the router pod).
 	ConntrackEntries int
 	// Packets and Bytes forwarded between tunnels and the outside, both
 	// directions (nftables counters).
@@ -305,7 +307,7 @@ func (r *Router) Stats() (RouterStats, error) {
 			return s, fmt.Errorf("egress router stats: list conntrack: %w", err)
 		}
 		for _, f := range flows {
-			if r.peers[addrOf(f.Forward.SrcIP)] {
+			if src := addrOf(f.Forward.SrcIP); r.peers[src] && addrOf(f.Reverse.DstIP) != src {
 				s.ConntrackEntries++
 			}
 		}
