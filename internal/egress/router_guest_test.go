@@ -1,11 +1,16 @@
 package egress
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/test/harness"
 )
@@ -83,5 +88,70 @@ func TestGuestRouterConntrackCount(t *testing.T) {
 	mustVia(t, tp, "tcp", ext6)
 	if n := conntrackSum(t, tp); n != 2 {
 		t.Errorf("after a TCP connection through the gateway too: %d conntrack entries counted, want 2", n)
+	}
+}
+
+// withoutModule unloads the kernel module name for the rest of the test
+// and loads it again (from the guest's module directory) at cleanup.
+func withoutModule(t *testing.T, name string) {
+	t.Helper()
+	if _, err := os.Stat("/sys/module/" + name); err != nil {
+		t.Skipf("skipping: %s is not a loaded module in this guest: %v", name, err)
+	}
+	ko := "/lib/modules/skein/" + name + ".ko"
+	if _, err := os.Stat(ko); err != nil {
+		t.Skipf("skipping: no %s to load %s again: %v", ko, name, err)
+	}
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		// Namespaces of earlier tests may still be going away.
+		if err = unix.DeleteModule(name, unix.O_NONBLOCK); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("unload %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		f, err := os.Open(ko)
+		if err == nil {
+			err = unix.FinitModule(int(f.Fd()), "", 0)
+			f.Close()
+		}
+		if err != nil {
+			t.Errorf("load %s again: %v", name, err)
+		}
+	})
+}
+
+// TestGuestNoFoU6: on a kernel with fou but without fou6 (which nothing
+// loads on demand), IPv6 tunnels fail with ErrNotSupported naming fou6,
+// and the client pod is left as it was.
+func TestGuestNoFoU6(t *testing.T) {
+	requireTunnels(t)
+	withoutModule(t, "fou6")
+	node := harness.NewNS(t, "egnode")
+	pod, rns := harness.NewNS(t, "egpod"), harness.NewNS(t, "egrouter")
+	plugPod(t, node, pod, "vnofou6", client4, client6)
+	plugPod(t, node, rns, "vnofou6r", router4[0], router6[0])
+
+	before := harness.Snapshot(t, pod)
+	err := ApplyClient(pod.Path(), gateway(false, "0.0.0.0/0", "::/0"))
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "fou6 module not available") {
+		t.Errorf("ApplyClient without fou6: err = %v, want ErrNotSupported naming fou6", err)
+	}
+	harness.AssertSame(t, before, harness.Snapshot(t, pod))
+
+	r, err := NewRouter(RouterConfig{NetNS: rns.Path(), Local4: router4[0], Local6: router6[0]})
+	if err != nil {
+		t.Fatalf("NewRouter without fou6 (receiving needs only fou): %v", err)
+	}
+	defer r.Close()
+	err = r.SyncPeers([]netip.Addr{client4, client6})
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "fou6 module not available") {
+		t.Errorf("SyncPeers with an IPv6 peer without fou6: err = %v, want ErrNotSupported naming fou6", err)
+	}
+	if got := r.Peers(); len(got) != 1 || got[0] != client4 {
+		t.Errorf("peers with a tunnel = %v, want the IPv4 one only", got)
 	}
 }
