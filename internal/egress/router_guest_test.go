@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/test/harness"
@@ -153,5 +154,91 @@ func TestGuestNoFoU6(t *testing.T) {
 	}
 	if got := r.Peers(); len(got) != 1 || got[0] != client4 {
 		t.Errorf("peers with a tunnel = %v, want the IPv4 one only", got)
+	}
+}
+
+// TestGuestRouterStatsManyEntries: Stats runs at every metrics scrape, and
+// a busy router's conntrack table is large. The count is exact over
+// thousands of entries of every shape, and costs well under decoding the
+// whole dump into flows (what it did before).
+func TestGuestRouterStatsManyEntries(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	r, rns := tp.r[1], tp.routers[1]
+	h, err := openHandle(rns.Path(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	const snat, other = 2000, 400
+	add := func(i int, src, dst, replyDst netip.Addr) {
+		t.Helper()
+		f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 600,
+			Forward: netlink.IPTuple{SrcIP: ipOf(src), DstIP: ipOf(dst), Protocol: unix.IPPROTO_UDP, SrcPort: uint16(10000 + i), DstPort: 53},
+			Reverse: netlink.IPTuple{SrcIP: ipOf(dst), DstIP: ipOf(replyDst), Protocol: unix.IPPROTO_UDP, SrcPort: 53, DstPort: uint16(10000 + i)}}
+		if src.Is6() {
+			f.FamilyType = unix.AF_INET6
+		}
+		if err := h.ConntrackCreate(netlink.ConntrackTable, netlink.InetFamily(f.FamilyType), f); err != nil {
+			t.Fatalf("conntrack entry %d: %v", i, err)
+		}
+	}
+	for i := 0; i < snat; i++ {
+		if i%4 == 0 { // a quarter IPv6
+			add(i, client6, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)}), router6[1])
+			continue
+		}
+		add(i, client4, netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), router4[1])
+	}
+	for i := 0; i < other; i++ {
+		switch i % 2 {
+		case 0: // a client's own flow to the router (not SNAT'd)
+			add(snat+i, client4, router4[1], client4)
+		case 1: // not a peer
+			add(snat+i, ip("10.100.0.99"), netip.AddrFrom4([4]byte{203, 1, byte(i >> 8), byte(i)}), router4[1])
+		}
+	}
+	// The former way: every entry decoded into a flow, then filtered.
+	decodeAll := func() int {
+		n := 0
+		for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+			flows, err := h.ConntrackTableList(netlink.ConntrackTable, fam)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range flows {
+				if src := addrOf(f.Forward.SrcIP); (src == client4 || src == client6) && addrOf(f.Reverse.DstIP) != src {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	best := func(f func()) time.Duration {
+		b := time.Duration(1 << 62)
+		for range 5 {
+			start := time.Now()
+			f()
+			b = min(b, time.Since(start))
+		}
+		return b
+	}
+	var s RouterStats
+	statsTime := best(func() {
+		if s, err = r.Stats(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if s.ConntrackEntries != snat {
+		t.Errorf("Stats counted %d conntrack entries, want %d", s.ConntrackEntries, snat)
+	}
+	var n int
+	decodeTime := best(func() { n = decodeAll() })
+	if n != snat {
+		t.Errorf("the full decode counted %d, want %d", n, snat)
+	}
+	t.Logf("%d entries: Stats %v, a full decode %v", snat+other, statsTime, decodeTime)
+	if statsTime*2 > decodeTime {
+		t.Errorf("Stats took %v over %d conntrack entries, a full decode %v: want under half", statsTime, snat+other, decodeTime)
 	}
 }

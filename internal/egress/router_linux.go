@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
@@ -57,6 +58,7 @@ type Router struct {
 	cfg RouterConfig
 	h   *netlink.Handle
 	nft *nftables.Conn
+	ct  *nl.NetlinkSocket // Stats' conntrack dumps
 
 	mu     sync.Mutex
 	peers  map[netip.Addr]bool
@@ -100,16 +102,22 @@ func NewRouter(cfg RouterConfig) (_ *Router, retErr error) {
 	if err := requireFoU(); err != nil {
 		return nil, err
 	}
-	h, err := openHandle(cfg.NetNS, true)
+	h, err := openHandle(cfg.NetNS, false)
 	if err != nil {
+		return nil, err
+	}
+	ct, err := ctSocket(cfg.NetNS)
+	if err != nil {
+		h.Close()
 		return nil, err
 	}
 	c, err := nftConn(cfg.NetNS)
 	if err != nil {
 		h.Close()
+		ct.Close()
 		return nil, err
 	}
-	r := &Router{cfg: cfg, h: h, nft: c, peers: map[netip.Addr]bool{}}
+	r := &Router{cfg: cfg, h: h, nft: c, ct: ct, peers: map[netip.Addr]bool{}}
 	if err := r.setup(); err != nil {
 		_ = r.Close()
 		return nil, err
@@ -298,19 +306,15 @@ func (r *Router) Stats() (RouterStats, error) {
 	}
 	s.Tunnels = len(ts.ours)
 	for _, v6 := range r.families() {
-		fam := netlink.InetFamily(unix.AF_INET)
+		fam := uint8(unix.AF_INET)
 		if v6 {
 			fam = unix.AF_INET6
 		}
-		flows, err := r.h.ConntrackTableList(netlink.ConntrackTable, fam)
+		n, err := countSNAT(r.ct, fam, r.peers)
 		if err != nil {
-			return s, fmt.Errorf("egress router stats: list conntrack: %w", err)
+			return s, fmt.Errorf("egress router stats: %w", err)
 		}
-		for _, f := range flows {
-			if src := addrOf(f.Forward.SrcIP); r.peers[src] && addrOf(f.Reverse.DstIP) != src {
-				s.ConntrackEntries++
-			}
-		}
+		s.ConntrackEntries += n
 	}
 	cs, err := nftCounters(r.nft)
 	if err != nil {
@@ -376,6 +380,7 @@ func (r *Router) Close() error {
 	}
 	_ = r.nft.CloseLasting()
 	r.h.Close()
+	r.ct.Close()
 	r.peers = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("egress router close: %w", err)
