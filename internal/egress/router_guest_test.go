@@ -2,6 +2,7 @@ package egress
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -240,5 +241,123 @@ func TestGuestRouterStatsManyEntries(t *testing.T) {
 	t.Logf("%d entries: Stats %v, a full decode %v", snat+other, statsTime, decodeTime)
 	if statsTime*2 > decodeTime {
 		t.Errorf("Stats took %v over %d conntrack entries, a full decode %v: want under half", statsTime, snat+other, decodeTime)
+	}
+}
+
+// TestGuestEgressPodMTU: with the pods' MTU below 1500 (skeind's VXLAN
+// mode gives them 1450), the tunnels on both ends leave room for the
+// encapsulation (IPv4: 20 + 8 bytes, IPv6: 40 + 8), and bulk TCP through
+// the gateway works both ways with full-size segments.
+func TestGuestEgressPodMTU(t *testing.T) {
+	requireTunnels(t)
+	const mtu = 1450
+	tp := newTopo(t, false)
+	for _, r := range tp.r { // the routers' tunnels are made again below
+		if err := r.SyncPeers(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nh := tp.node.Handle(t)
+	for i, ns := range append([]*harness.NS{tp.client}, tp.routers...) {
+		nodeDev := "vclient"
+		if i > 0 {
+			nodeDev = fmt.Sprintf("vrouter%d", i)
+		}
+		for _, end := range []struct {
+			h   *netlink.Handle
+			dev string
+		}{{ns.Handle(t), "eth0"}, {nh, nodeDev}} {
+			l, err := end.h.LinkByName(end.dev)
+			if err == nil {
+				err = end.h.LinkSetMTU(l, mtu)
+			}
+			if err != nil {
+				t.Fatalf("mtu of %s: %v", end.dev, err)
+			}
+		}
+	}
+	for _, r := range tp.r {
+		if err := r.SyncPeers([]netip.Addr{client4, client6}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ApplyClient(tp.client.Path(), gateway(false, "0.0.0.0/0", "::/0")); err != nil {
+		t.Fatal(err)
+	}
+	wantMTU := func(ns *harness.NS, dev string, want int) {
+		t.Helper()
+		l, err := ns.Handle(t).LinkByName(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Attrs().MTU != want {
+			t.Errorf("%s in %s: mtu %d, want %d", dev, ns.Name(), l.Attrs().MTU, want)
+		}
+	}
+	wantMTU(tp.client, clientTunnelName(false, "default", "egress"), mtu-28)
+	wantMTU(tp.client, clientTunnelName(true, "default", "egress"), mtu-48)
+	for _, rns := range tp.routers {
+		wantMTU(rns, routerTunnelName(client4), mtu-28)
+		wantMTU(rns, routerTunnelName(client6), mtu-48)
+	}
+
+	// A server in the external namespace that sinks ('u') or sends ('d')
+	// 4 MiB.
+	const size = 4 << 20
+	var ln net.Listener
+	if err := tp.ext.Do(func() error { var err error; ln, err = net.Listen("tcp", ":7030"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b := []byte{0}
+				if _, err := io.ReadFull(c, b); err != nil {
+					return
+				}
+				if b[0] == 'd' {
+					_, _ = c.Write(make([]byte, size))
+					return
+				}
+				n, _ := io.Copy(io.Discard, c)
+				_, _ = fmt.Fprint(c, n)
+			}()
+		}
+	}()
+	for _, dst := range []netip.Addr{ext4, ext6} {
+		for _, dir := range []string{"u", "d"} {
+			var got int64
+			err := tp.client.Do(func() error {
+				c, err := net.DialTimeout("tcp", netip.AddrPortFrom(dst, 7030).String(), 5*time.Second)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+				if _, err := c.Write([]byte(dir)); err != nil {
+					return err
+				}
+				if dir == "d" {
+					got, err = io.Copy(io.Discard, c)
+					return err
+				}
+				if _, err := c.Write(make([]byte, size)); err != nil {
+					return err
+				}
+				_ = c.(*net.TCPConn).CloseWrite()
+				b, err := io.ReadAll(c)
+				_, _ = fmt.Sscan(string(b), &got)
+				return err
+			})
+			if err != nil || got != size {
+				t.Errorf("%s %s through the gateway at mtu %d: %d of %d bytes, %v", map[string]string{"u": "upload to", "d": "download from"}[dir], dst, mtu, got, size, err)
+			}
+		}
 	}
 }
