@@ -361,3 +361,48 @@ func TestGuestEgressPodMTU(t *testing.T) {
 		}
 	}
 }
+
+// TestGuestRouterOwnTraffic: the router's rule "iif <out> lookup
+// RouterTable" and its masquerade leave the router pod's own traffic
+// alone: it reaches the API server (here: the external server) from its
+// own address, un-NAT'd and not forwarded; the kubelet's probes (from the
+// node) and a client pod's direct connections (a Prometheus that is an
+// egress client itself) get their answers.
+func TestGuestRouterOwnTraffic(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	if err := ApplyClient(tp.client.Path(), gateway(false, "0.0.0.0/0", "::/0")); err != nil {
+		t.Fatal(err)
+	}
+	before := stats(t, tp)
+	for i, rns := range tp.routers {
+		for _, dst := range []netip.Addr{ext4, ext6} {
+			for _, proto := range []string{"tcp", "udp"} {
+				got, err := seenFrom(rns, proto, dst)
+				want := router4[i]
+				if dst.Is6() {
+					want = router6[i]
+				}
+				if err != nil || got != want.String() {
+					t.Errorf("router %d's own %s to %s: the server saw %q (%v), want %s", i+1, proto, dst, got, err, want)
+				}
+			}
+		}
+		listenIn(t, rns, ":7020")
+		for _, a := range []netip.Addr{router4[i], router6[i]} {
+			for _, from := range []*harness.NS{tp.node, tp.client} {
+				if err := dialIn(from, netip.AddrPortFrom(a, 7020)); err != nil {
+					t.Errorf("%s to router %d at %s: %v", from.Name(), i+1, a, err)
+				}
+			}
+		}
+	}
+	for i, s := range stats(t, tp) {
+		if s.Packets != before[i].Packets || s.NATConnections != before[i].NATConnections {
+			t.Errorf("router %d: its own traffic was forwarded or NAT'd: %+v -> %+v", i+1, before[i], s)
+		}
+	}
+	// And the clients' traffic still goes through.
+	mustVia(t, tp, "tcp", ext4)
+	mustVia(t, tp, "tcp", ext6)
+}
