@@ -406,3 +406,100 @@ func TestGuestRouterOwnTraffic(t *testing.T) {
 	mustVia(t, tp, "tcp", ext4)
 	mustVia(t, tp, "tcp", ext6)
 }
+
+// TestGuestRouterRestart: skein-egress restarting in its pod (a crash:
+// no Close) finds its own leftovers; NewRouter adopts or replaces them
+// without duplicates, the clients' traffic flows again after SyncPeers,
+// and Close then leaves nothing.
+func TestGuestRouterRestart(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	tp.setEndpoints(t, 0)
+	if err := ApplyClient(tp.client.Path(), gateway(false, "0.0.0.0/0", "::/0")); err != nil {
+		t.Fatal(err)
+	}
+	if i := mustVia(t, tp, "udp", ext4); i != 0 {
+		t.Fatalf("via router %d, want 1", i+1)
+	}
+	rns := tp.routers[0]
+	r2, err := NewRouter(RouterConfig{NetNS: rns.Path(), Local4: router4[0], Local6: router6[0]})
+	if err != nil {
+		t.Fatalf("NewRouter over a running router's leftovers: %v", err)
+	}
+	tp.r[0] = r2 // the crashed one is never closed
+	if err := r2.SyncPeers([]netip.Addr{client4, client6}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := openHandle(rns.Path(), false) // with a generic netlink socket there, for FoU
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	rules, err := h.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, x := range rules {
+		if x.Table == RouterTable {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d rules to table %d after the restart, want 2 (one per family)", n, RouterTable)
+	}
+	if fs, err := h.FouList(0); err != nil || len(fs) != 2 {
+		t.Errorf("fou ports after the restart: %+v, %v; want 2", fs, err)
+	}
+	c, err := nftConn(rns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseLasting()
+	chains, err := c.ListChains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ours []string
+	for _, ch := range chains {
+		if ch.Table.Name == NFTable {
+			rs, err := c.GetRules(ch.Table, ch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ours = append(ours, fmt.Sprintf("%s:%d", ch.Name, len(rs)))
+		}
+	}
+	if strings.Join(ours, " ") != "forward:2 postrouting:1" {
+		t.Errorf("nftables table %s after the restart: chains %v, want forward with 2 rules, postrouting with 1", NFTable, ours)
+	}
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, dst := range []netip.Addr{ext4, ext6} {
+			if i := mustVia(t, tp, proto, dst); i != 0 {
+				t.Errorf("%s to %s via router %d, want 1", proto, dst, i+1)
+			}
+		}
+	}
+	if err := r2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tp.gone = map[int]bool{0: true}
+	if s, err := ClientState(rns.Path()); err != nil || !s.Empty() {
+		t.Errorf("router namespace after Close: %+v, %v", s, err)
+	}
+	rules, _ = h.RuleList(netlink.FAMILY_ALL)
+	for _, x := range rules {
+		if x.Table == RouterTable {
+			t.Errorf("rule left after Close: %+v", x)
+		}
+	}
+	if fs, err := h.FouList(0); err != nil || len(fs) != 0 {
+		t.Errorf("fou ports after Close: %+v, %v", fs, err)
+	}
+	if _, err := c.ListTableOfFamily(NFTable, nftTable.Family); err == nil {
+		t.Errorf("the nftables table %s is still there after Close", NFTable)
+	}
+	if ts, err := listTunnels(h, routerPrefix4, routerPrefix6); err != nil || len(ts.ours) != 0 {
+		t.Errorf("tunnels after Close: %+v, %v", ts.ours, err)
+	}
+}
