@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -502,4 +503,38 @@ func TestGuestRouterRestart(t *testing.T) {
 	if ts, err := listTunnels(h, routerPrefix4, routerPrefix6); err != nil || len(ts.ours) != 0 {
 		t.Errorf("tunnels after Close: %+v, %v", ts.ours, err)
 	}
+}
+
+// TestGuestClientServiceIPChange: an Egress Service re-created with new
+// ClusterIPs retargets the pod's tunnels in place (same devices, new
+// remote ends, routes back), and traffic flows through the new address.
+func TestGuestClientServiceIPChange(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	cfg := gateway(false, "0.0.0.0/0", "198.51.100.0/24", "::/0")
+	cfg.Gateways[0].ServiceIPs = []netip.Addr{ip("10.96.0.77"), ip("fd00:96::77")} // the old Service
+	if err := ApplyClient(tp.client.Path(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ClientState(tp.client.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Gateways[0].ServiceIPs = []netip.Addr{svc4, svc6}
+	if err := ApplyClient(tp.client.Path(), cfg); err != nil {
+		t.Fatalf("ApplyClient with the new ClusterIPs: %v", err)
+	}
+	st, err := ClientState(tp.client.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Tunnels) != 2 || st.Tunnels[0].Remote != svc4 || st.Tunnels[1].Remote != svc6 {
+		t.Errorf("tunnels after the change: %+v, want remotes %s and %s", st.Tunnels, svc4, svc6)
+	}
+	if !reflect.DeepEqual(st.Routes, old.Routes) || !reflect.DeepEqual(st.Rules, old.Rules) {
+		t.Errorf("routes or rules changed with the ClusterIPs:\n%+v\nwant\n%+v", st, old)
+	}
+	mustVia(t, tp, "tcp", ext4)
+	mustVia(t, tp, "udp", far4)
+	mustVia(t, tp, "tcp", ext6)
 }
