@@ -170,6 +170,10 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 		at[[2]any{r.table, r.dst}] = r
 	}
 	wantRoute := map[route]bool{}
+	// Our routes replaced in place by a wanted one through another
+	// device (a destination moving between gateways): they are gone
+	// already, and deleting them again would fail.
+	overwritten := map[route]bool{}
 	for _, r := range plan.routes {
 		wantRoute[r] = true
 		if have[r] {
@@ -183,6 +187,7 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 			return fmt.Errorf("route %s dev %s table %d: %w", r.dst, r.dev, r.table, err)
 		}
 		if old, ok := at[[2]any{r.table, r.dst}]; ok {
+			overwritten[old] = true
 			j.add(func() error { return replaceRoute(h, old) })
 		} else {
 			j.add(func() error { return h.RouteDel(x) })
@@ -204,7 +209,7 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 
 	// 5. Remove what is no longer wanted: routes, rules, devices, ports.
 	for _, r := range routes {
-		if wantRoute[r] || !have[r] {
+		if wantRoute[r] || !have[r] || overwritten[r] {
 			continue
 		}
 		if err := delRoute(h, r, j); err != nil {

@@ -538,3 +538,57 @@ func TestGuestClientServiceIPChange(t *testing.T) {
 	mustVia(t, tp, "udp", far4)
 	mustVia(t, tp, "tcp", ext6)
 }
+
+// TestGuestClientDestinationMoves: a destination two gateways list goes
+// through the first; when that one stops listing it (or goes), the same
+// apply hands the route to the other gateway.
+func TestGuestClientDestinationMoves(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	a := Gateway{Namespace: "a", Name: "gw", ServiceIPs: []netip.Addr{ip("10.96.0.77"), ip("fd00:96::77")},
+		Destinations: []netip.Prefix{pfx("198.51.100.0/24"), pfx("0.0.0.0/0"), pfx("2001:db8:fe::/64"), pfx("203.0.113.0/24")}}
+	b := Gateway{Namespace: "b", Name: "gw", ServiceIPs: []netip.Addr{svc4, svc6},
+		Destinations: []netip.Prefix{pfx("198.51.100.0/24"), pfx("0.0.0.0/0"), pfx("2001:db8:fe::/64")}}
+	if err := ApplyClient(tp.client.Path(), ClientConfig{Gateways: []Gateway{a, b}}); err != nil {
+		t.Fatal(err)
+	}
+	wantRoutes := func(want map[netip.Prefix]string) {
+		t.Helper()
+		st, err := ClientState(tp.client.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[netip.Prefix]string{}
+		for _, r := range st.Routes {
+			got[r.Dst] = r.Device
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("routes %v, want %v", got, want)
+		}
+	}
+	a4, a6 := clientTunnelName(false, "a", "gw"), clientTunnelName(true, "a", "gw")
+	b4, b6 := clientTunnelName(false, "b", "gw"), clientTunnelName(true, "b", "gw")
+	wantRoutes(map[netip.Prefix]string{pfx("198.51.100.0/24"): a4, pfx("0.0.0.0/0"): a4, pfx("2001:db8:fe::/64"): a6, pfx("203.0.113.0/24"): a4})
+
+	// a keeps one destination of its own; the shared ones move to b.
+	a.Destinations = []netip.Prefix{pfx("203.0.113.0/24")}
+	if err := ApplyClient(tp.client.Path(), ClientConfig{Gateways: []Gateway{a, b}}); err != nil {
+		t.Fatalf("the shared destinations moving from a to b: %v", err)
+	}
+	wantRoutes(map[netip.Prefix]string{pfx("198.51.100.0/24"): b4, pfx("0.0.0.0/0"): b4, pfx("2001:db8:fe::/64"): b6, pfx("203.0.113.0/24"): a4})
+	mustVia(t, tp, "tcp", far4)
+	mustVia(t, tp, "udp", far6)
+	mustVia(t, tp, "tcp", ext4)
+
+	// Back to a holding all, then a gone at once.
+	a.Destinations = []netip.Prefix{pfx("198.51.100.0/24"), pfx("0.0.0.0/0"), pfx("2001:db8:fe::/64")}
+	if err := ApplyClient(tp.client.Path(), ClientConfig{Gateways: []Gateway{a, b}}); err != nil {
+		t.Fatal(err)
+	}
+	wantRoutes(map[netip.Prefix]string{pfx("198.51.100.0/24"): a4, pfx("0.0.0.0/0"): a4, pfx("2001:db8:fe::/64"): a6})
+	if err := ApplyClient(tp.client.Path(), ClientConfig{Gateways: []Gateway{b}}); err != nil {
+		t.Fatalf("gateway a gone, b taking its destinations: %v", err)
+	}
+	wantRoutes(map[netip.Prefix]string{pfx("198.51.100.0/24"): b4, pfx("0.0.0.0/0"): b4, pfx("2001:db8:fe::/64"): b6})
+	mustVia(t, tp, "tcp", far4)
+}
