@@ -55,7 +55,7 @@ func countSNAT(s *nl.NetlinkSocket, family uint8, peers map[netip.Addr]bool) (in
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: s}}
 	n := 0
 	err := req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
-		if len(msg) < nl.SizeofNfgenmsg {
+		if len(msg) < nl.SizeofNfgenmsg || msg[0] != family { // only this family's, on any kernel
 			return true
 		}
 		attrs := msg[nl.SizeofNfgenmsg:]
