@@ -15,8 +15,8 @@ import (
 
 // ApplyClient converges the pod's network namespace (netnsPath) to cfg:
 // FoU receive ports, one tunnel per gateway and family (plus the
-// flow-based fallback devices when a gateway picks source ports per
-// flow), the seed's policy rules and the routes of tables 117 and 118.
+// flow-based fallback devices, for what comes from a router pod's own
+// address), the seed's policy rules and the routes of tables 117 and 118.
 // The zero ClientConfig removes everything it made. It is idempotent and
 // touches only its own objects: devices tagged with its alias, rules that
 // are exactly the seed's, routes through its devices, FoU ports of its

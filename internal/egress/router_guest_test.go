@@ -528,7 +528,13 @@ func TestGuestClientServiceIPChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Tunnels) != 2 || st.Tunnels[0].Remote != svc4 || st.Tunnels[1].Remote != svc6 {
+	var remotes []netip.Addr
+	for _, tn := range st.Tunnels {
+		if !tn.FlowBased {
+			remotes = append(remotes, tn.Remote)
+		}
+	}
+	if len(st.Tunnels) != len(old.Tunnels) || !reflect.DeepEqual(remotes, []netip.Addr{svc4, svc6}) {
 		t.Errorf("tunnels after the change: %+v, want remotes %s and %s", st.Tunnels, svc4, svc6)
 	}
 	if !reflect.DeepEqual(st.Routes, old.Routes) || !reflect.DeepEqual(st.Rules, old.Rules) {
@@ -591,4 +597,86 @@ func TestGuestClientDestinationMoves(t *testing.T) {
 	}
 	wantRoutes(map[netip.Prefix]string{pfx("198.51.100.0/24"): b4, pfx("0.0.0.0/0"): b4, pfx("2001:db8:fe::/64"): b6})
 	mustVia(t, tp, "tcp", far4)
+}
+
+// TestGuestEgressQuietConnection: with the fixed source port, the node's
+// conntrack entry of a pod's outer flow is what turns a router's packets
+// into ones from the ClusterIP. Once it is gone (idle past the UDP
+// timeout; flushed here) and the external server speaks first on a quiet
+// connection, the router's packets reach the pod from the router's own
+// address: the pod must take them (and its answers get through).
+func TestGuestEgressQuietConnection(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	tp.setEndpoints(t, 0)
+	if err := ApplyClient(tp.client.Path(), gateway(false, "0.0.0.0/0", "::/0")); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []netip.Addr{ext4, ext6} {
+		var ln net.Listener
+		if err := tp.ext.Do(func() error { var err error; ln, err = net.Listen("tcp", ":7040"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		push := make(chan struct{})
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			b := []byte{0}
+			if _, err := io.ReadFull(c, b); err != nil {
+				return
+			}
+			<-push
+			_, _ = c.Write([]byte("push"))
+			if _, err := io.ReadFull(c, b); err == nil {
+				_, _ = c.Write([]byte("pong"))
+			}
+			_, _ = io.Copy(io.Discard, c)
+		}()
+		var c net.Conn
+		err := tp.client.Do(func() error {
+			var err error
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(dst, 7040).String(), 5*time.Second)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("a")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond) // the server has read it, the ACK is back
+		h, err := openHandle(tp.node.Path(), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &netlink.ConntrackFilter{}
+		_ = f.AddIP(netlink.ConntrackOrigSrcIP, ipOf(client4))
+		_ = f.AddIP(netlink.ConntrackOrigDstIP, ipOf(svc4))
+		fam := netlink.InetFamily(unix.AF_INET)
+		if dst.Is6() {
+			f = &netlink.ConntrackFilter{}
+			_ = f.AddIP(netlink.ConntrackOrigSrcIP, ipOf(client6))
+			_ = f.AddIP(netlink.ConntrackOrigDstIP, ipOf(svc6))
+			fam = unix.AF_INET6
+		}
+		if n, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f); err != nil || n != 1 {
+			t.Fatalf("expire the pod's outer flow on the node: %d entries, %v", n, err)
+		}
+		h.Close()
+		close(push)
+		b := make([]byte, 4)
+		_ = c.SetDeadline(time.Now().Add(8 * time.Second))
+		if _, err := io.ReadFull(c, b); err != nil || string(b) != "push" {
+			t.Errorf("%s: the server's data after the node's entry expired: %q, %v", dst, b, err)
+		} else if _, err := c.Write([]byte("b")); err != nil {
+			t.Errorf("%s: %v", dst, err)
+		} else if _, err := io.ReadFull(c, b); err != nil || string(b) != "pong" {
+			t.Errorf("%s: the answer to the pod's next request: %q, %v", dst, b, err)
+		}
+		c.Close()
+		ln.Close()
+	}
 }

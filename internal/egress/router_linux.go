@@ -29,9 +29,9 @@ type RouterConfig struct {
 	// OutInterface is where SNAT'd traffic leaves; "" is "eth0".
 	OutInterface string
 	// SourcePortAuto picks the encapsulation's UDP source port per flow
-	// instead of Port. Clients must then have their flow-based fallback
-	// device (ApplyClient makes it for SourcePortAuto gateways): the
-	// replies come from this pod's address, not from the ClusterIP.
+	// instead of Port. The replies then come from this pod's address,
+	// not from the ClusterIP, and land on the clients' flow-based
+	// fallback devices (ApplyClient always makes them).
 	SourcePortAuto bool
 }
 
