@@ -60,6 +60,10 @@ func grantControllerRole(t *testing.T, c client.Client) {
 	rule := func(group string, resources, verbs []string) rbacv1.PolicyRule {
 		return rbacv1.PolicyRule{APIGroups: []string{group}, Resources: resources, Verbs: verbs}
 	}
+	named := func(r rbacv1.PolicyRule, names ...string) rbacv1.PolicyRule {
+		r.ResourceNames = names
+		return r
+	}
 	read := []string{"get", "list", "watch"}
 	subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: controllerUser}}
 	objs := []client.Object{
@@ -76,6 +80,12 @@ func grantControllerRole(t *testing.T, c client.Client) {
 				rule("skein.dev", []string{"egresses/status", "egresses/finalizers"}, []string{"update"}),
 				rule("apps", []string{"deployments"}, append(read, "create", "update", "delete")),
 				rule("", []string{"services"}, append(read, "create", "update", "delete")),
+				// The Egress routers' accounts and their binding, by name.
+				rule("", []string{"serviceaccounts"}, []string{"create"}),
+				named(rule("", []string{"serviceaccounts"}, []string{"get", "update", "delete"}), "skein-egress"),
+				rule(rbacv1.GroupName, []string{"clusterrolebindings"}, []string{"create"}),
+				named(rule(rbacv1.GroupName, []string{"clusterrolebindings"}, []string{"get", "update"}), "skein-egress"),
+				named(rule(rbacv1.GroupName, []string{"clusterroles"}, []string{"bind"}), "skein-egress"),
 			},
 		},
 		&rbacv1.ClusterRoleBinding{

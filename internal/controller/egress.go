@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
@@ -54,14 +55,20 @@ type EgressReconciler struct {
 }
 
 // SetupWithManager registers the reconciler with mgr: it runs for an
-// Egress and for every change of a Deployment or Service it owns.
+// Egress and for every change of a Deployment or Service it owns; and,
+// once mgr leads, the routers' binding is synced with the Egresses there
+// are.
 func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	err := ctrl.NewControllerManagedBy(mgr).
 		For(&skeinv1.Egress{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Named("egress").
 		Complete(countErrors("egress", r))
+	if err != nil {
+		return err
+	}
+	return mgr.Add(manager.RunnableFunc(r.syncBindingAtStart))
 }
 
 // EgressSelector is the label set of an Egress's router pods, the
@@ -150,8 +157,11 @@ func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Depl
 	dep.Spec.Replicas = ptr.To(ptr.Deref(eg.Spec.Replicas, 1))
 	if eg.Spec.Strategy != nil {
 		dep.Spec.Strategy = *eg.Spec.Strategy.DeepCopy()
-	} else if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
-		dep.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType}
+	} else if def := defaultStrategy(); !equality.Semantic.DeepEqual(dep.Spec.Strategy, def) {
+		// Spelled out as the API server defaults it, so that a strategy
+		// removed from the Egress goes (its parameters too) and an
+		// unchanged one is not written again.
+		dep.Spec.Strategy = def
 	}
 	tmpl := r.podTemplate(eg)
 	// The API server fills in defaults, so the template read back never
@@ -170,6 +180,16 @@ func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Depl
 		dep.Annotations[annotationTemplateHash] = sum
 	}
 	return controllerutil.SetControllerReference(eg, dep, r.Scheme)
+}
+
+// defaultStrategy is a Deployment's strategy as the API server defaults
+// it: a rolling update, 25% unavailable, 25% surge.
+func defaultStrategy() appsv1.DeploymentStrategy {
+	quarter := intstr.FromString("25%")
+	return appsv1.DeploymentStrategy{
+		Type:          appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr.To(quarter), MaxSurge: ptr.To(quarter)},
+	}
 }
 
 // podTemplate is the router pod template of eg: the defaults, with
@@ -244,7 +264,12 @@ func (r *EgressReconciler) mutateService(eg *skeinv1.Egress, svc *corev1.Service
 	svc.Labels = mergeLabels(svc.Labels, EgressSelector(eg))
 	svc.Spec.Selector = EgressSelector(eg)
 	svc.Spec.Type = corev1.ServiceTypeClusterIP
-	if svc.Spec.IPFamilyPolicy == nil { // PreferDualStack: IPv6 clients too
+	// PreferDualStack: on a dual-stack cluster the Service has a ClusterIP
+	// of each family, and IPv6 clients need the IPv6 one for their
+	// tunnels. A single-stack Service (edited so, or one of this name
+	// adopted) is turned back: the API server then adds the other family.
+	// RequireDualStack, set by hand, is kept.
+	if p := svc.Spec.IPFamilyPolicy; p == nil || *p == corev1.IPFamilyPolicySingleStack {
 		svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack)
 	}
 	svc.Spec.Ports = []corev1.ServicePort{{

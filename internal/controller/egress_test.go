@@ -14,6 +14,8 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -445,5 +447,112 @@ func TestEgressSchema(t *testing.T) {
 	}
 	if err := c.Create(ctx, newEgress("ok", "192.0.2.0/24", "2001:db8::/32")); err != nil {
 		t.Errorf("a good egress: %v", err)
+	}
+}
+
+// TestEgressServiceDualStack: on a dual-stack cluster the Egress's
+// Service has a ClusterIP of each family (IPv6 clients tunnel to the
+// IPv6 one), and stays dual-stack: a Service turned single-stack behind
+// the controller's back (an edit, or a Service of that name it adopted)
+// is made dual-stack again, as its ports and selector are put back.
+func TestEgressServiceDualStack(t *testing.T) {
+	env := kube.Start(t, kube.Options{APIServerArgs: []string{
+		"--allow-privileged=true", "--service-cluster-ip-range=10.0.0.0/24,fd00:10::/112",
+	}})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, Options{})
+	if err := c.Create(ctx, newEgress("nat", "0.0.0.0/0", "::/0")); err != nil {
+		t.Fatal(err)
+	}
+	dualStack := func(what string) {
+		t.Helper()
+		eventually(t, what, func() string {
+			svc := &corev1.Service{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "nat"}, svc); err != nil {
+				return err.Error()
+			}
+			if len(svc.Spec.ClusterIPs) != 2 || len(svc.Spec.IPFamilies) != 2 {
+				return fmt.Sprintf("policy %v, families %v, ClusterIPs %v; want one of each family",
+					ptr.Deref(svc.Spec.IPFamilyPolicy, ""), svc.Spec.IPFamilies, svc.Spec.ClusterIPs)
+			}
+			return ""
+		})
+	}
+	dualStack("a new Egress's Service")
+
+	// Downgrade it as a user would (the API server releases the IPv6
+	// ClusterIP), with a port changed too.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		svc := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "nat"}, svc); err != nil {
+			return err
+		}
+		svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+		svc.Spec.IPFamilies = svc.Spec.IPFamilies[:1]
+		svc.Spec.ClusterIPs = svc.Spec.ClusterIPs[:1]
+		svc.Spec.Ports[0].Port = 6000
+		return c.Update(ctx, svc)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the port put back", func() string {
+		svc := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "nat"}, svc); err != nil {
+			return err.Error()
+		}
+		if svc.Spec.Ports[0].Port != skeinv1.EgressFoUPort {
+			return fmt.Sprintf("port %d", svc.Spec.Ports[0].Port)
+		}
+		return ""
+	})
+	dualStack("the Service after a single-stack edit")
+}
+
+// A strategy removed from the Egress is removed from its Deployment: the
+// Deployment's default rolling update again, not the old parameters.
+func TestEgressStrategyRemoved(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("strat", "192.0.2.0/24")
+	zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
+	eg.Spec.Strategy = &appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &zero, MaxSurge: &one}}
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	strategy := func(wantUnavailable, wantSurge string) func() string {
+		return func() string {
+			dep, msg := getDeployment(t, c, "strat")
+			if msg != "" {
+				return msg
+			}
+			ru := dep.Spec.Strategy.RollingUpdate
+			if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
+				ru.MaxUnavailable.String() != wantUnavailable || ru.MaxSurge.String() != wantSurge {
+				return fmt.Sprintf("strategy %s %+v, want RollingUpdate maxUnavailable %s maxSurge %s", dep.Spec.Strategy.Type, ru, wantUnavailable, wantSurge)
+			}
+			return ""
+		}
+	}
+	eventually(t, "the Egress's strategy", strategy("0", "1"))
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Spec.Strategy = nil })
+	eventually(t, "the default strategy", strategy("25%", "25%"))
+
+	// And it stays put: a reconcile writes nothing.
+	dep, _ := getDeployment(t, c, "strat")
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Annotations = map[string]string{"poke": "1"} })
+	for range 20 {
+		if d, _ := getDeployment(t, c, "strat"); d.ResourceVersion != dep.ResourceVersion {
+			t.Fatalf("steady egress rewrote its deployment: %s -> %s", dep.ResourceVersion, d.ResourceVersion)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
@@ -70,6 +72,46 @@ func (r *EgressReconciler) syncAccess(ctx context.Context, ns string) error {
 	// before it is granted; removing, the grant goes with the account.
 	if err := r.syncServiceAccount(ctx, ns, here); err != nil {
 		return err
+	}
+	return r.syncBinding(ctx, namespaces)
+}
+
+// syncBindingAtStart makes the binding match the Egresses once the
+// controller leads: an Egress deleted while no controller ran leaves no
+// event, and when it was the last one anywhere no later reconcile would
+// take its namespace's subject out (the account there is gone with its
+// owners, but one made again under that name would inherit the grant).
+// Errors are retried with backoff until ctx ends.
+func (r *EgressReconciler) syncBindingAtStart(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		err := r.syncAllBindings(ctx)
+		if err == nil {
+			return nil
+		}
+		reconcileErrors.WithLabelValues("egress-binding").Inc()
+		log.FromContext(ctx).Error(err, "sync the egress routers' binding at start; retrying", "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Minute)
+	}
+}
+
+// syncAllBindings makes the binding list the namespaces holding a live
+// Egress.
+func (r *EgressReconciler) syncAllBindings(ctx context.Context) error {
+	var all skeinv1.EgressList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return fmt.Errorf("list egresses: %w", err)
+	}
+	namespaces := map[string]bool{}
+	for _, eg := range all.Items {
+		if eg.DeletionTimestamp.IsZero() {
+			namespaces[eg.Namespace] = true
+		}
 	}
 	return r.syncBinding(ctx, namespaces)
 }
@@ -135,6 +177,7 @@ func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[strin
 		subjects = append(subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: EgressServiceAccount, Namespace: ns})
 	}
 	slices.SortFunc(subjects, func(a, b rbacv1.Subject) int { return cmpString(a.Namespace, b.Namespace) })
+	role := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: EgressRBACName}
 	crb := &rbacv1.ClusterRoleBinding{}
 	err := r.reader().Get(ctx, client.ObjectKey{Name: EgressRBACName}, crb)
 	if apierrors.IsNotFound(err) {
@@ -143,7 +186,7 @@ func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[strin
 		}
 		crb = &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: EgressRBACName, Labels: mergeLabels(nil, egressManagedBy)},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: EgressRBACName},
+			RoleRef:    role,
 			Subjects:   subjects,
 		}
 		if err := r.Client.Create(ctx, crb); err != nil {
@@ -153,6 +196,12 @@ func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[strin
 	}
 	if err != nil {
 		return fmt.Errorf("get ClusterRoleBinding %s: %w", EgressRBACName, err)
+	}
+	// A binding of this name to another role (its role cannot be changed)
+	// would give the router accounts that role: left alone.
+	if crb.RoleRef != role {
+		return fmt.Errorf("ClusterRoleBinding %s binds %s %s, not ClusterRole %s: router accounts not added (delete it, and the controller makes its own)",
+			EgressRBACName, crb.RoleRef.Kind, crb.RoleRef.Name, EgressRBACName)
 	}
 	if equality.Semantic.DeepEqual(crb.Subjects, subjects) || len(crb.Subjects) == 0 && len(subjects) == 0 {
 		return nil

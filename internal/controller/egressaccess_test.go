@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -301,4 +302,83 @@ func TestEgressServiceWithoutRouters(t *testing.T) {
 	if _, msg := getDeployment(t, c, "noroute"); msg == "" {
 		t.Error("a privileged deployment was made where the API server refuses them")
 	}
+}
+
+// A ClusterRoleBinding named skein-egress that binds another role (made
+// by someone else) is never given the router accounts: they would get
+// that role. The controller says so in an event and changes nothing.
+func TestEgressBindingOfAnotherRole(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	theirs := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: EgressRBACName},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "skein-test-powerful"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "someone"}},
+	}
+	if err := c.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	eg := newEgress("nat", "0.0.0.0/0")
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "an AccessFailed event", func() string {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(egressNS)); err != nil {
+			return err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.UID == eg.UID && e.Reason == ReasonEgressAccessFailed && strings.Contains(e.Note, "skein-test-powerful") {
+				return ""
+			}
+		}
+		return fmt.Sprintf("no AccessFailed event naming the other role among %d", len(evs.Items))
+	})
+	// The rest of the Egress is made all the same.
+	eventually(t, "deployment", func() string {
+		_, msg := getDeployment(t, c, "nat")
+		return msg
+	})
+	got := &rbacv1.ClusterRoleBinding{}
+	if err := c.Get(ctx, client.ObjectKey{Name: EgressRBACName}, got); err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(got.Subjects, theirs.Subjects) {
+		t.Errorf("the other role's binding got subjects %+v, want its own %+v", got.Subjects, theirs.Subjects)
+	}
+}
+
+// An Egress deleted while no controller ran leaves no event to reconcile:
+// when it was the last one anywhere, its namespace's subject is still
+// taken out of the binding once a controller starts.
+func TestEgressBindingSyncedAtStart(t *testing.T) {
+	env := kube.Start(t, kube.Options{APIServerArgs: []string{"--allow-privileged=true"}})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// What the controller had made for the Egress of namespace "gone",
+	// deleted while it was away.
+	stale := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: EgressRBACName, Labels: egressManagedBy},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: EgressRBACName},
+		Subjects: []rbacv1.Subject{
+			{Kind: rbacv1.ServiceAccountKind, Name: EgressServiceAccount, Namespace: "gone"},
+		},
+	}
+	if err := c.Create(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, Options{})
+	eventually(t, "the stale subject removed", func() string {
+		got, msg := bindingNamespaces(c)
+		if msg != "" {
+			return msg
+		}
+		if len(got) != 0 {
+			return fmt.Sprintf("binding's namespaces %v, want none (no Egress left)", got)
+		}
+		return ""
+	})
 }

@@ -124,7 +124,7 @@ func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 		})
 	}
 	// A CNI_ARGS that does not parse names no pod: DEL goes on.
-	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
+	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, req.Ifname, nsPath)
 	if hasPod {
 		err = s.d.cfg.PodHook.Deleting(ctx, pod, detach)
 	} else {

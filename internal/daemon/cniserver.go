@@ -200,7 +200,7 @@ func (s *cniServer) del(ctx context.Context, req *rpc.CNIRequest) error {
 		return err
 	}
 	// A CNI_ARGS that does not parse names no pod: DEL goes on.
-	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, nsPath)
+	pod, hasPod, _ := s.d.podRefOf(req.Args, req.ContainerId, req.Ifname, nsPath)
 	if hasPod {
 		err = s.d.cfg.PodHook.Deleting(ctx, pod, detach)
 	} else {

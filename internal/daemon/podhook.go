@@ -35,8 +35,10 @@ type PodRef struct {
 	// Namespace and Name of the Pod object (K8S_POD_NAMESPACE,
 	// K8S_POD_NAME).
 	Namespace, Name string
-	// ContainerID is the sandbox's CNI_CONTAINERID.
-	ContainerID string
+	// ContainerID is the sandbox's CNI_CONTAINERID, IfName the request's
+	// CNI_IFNAME (a pod may have several interfaces, each ADDed and DELed
+	// on its own: Multus' secondary networks).
+	ContainerID, IfName string
 	// NetNS is CNI_NETNS: the pod's network namespace ("" or a path that
 	// no longer exists on DEL).
 	NetNS string
@@ -44,7 +46,7 @@ type PodRef struct {
 
 // podRefOf reads the pod of a request from CNI_ARGS; false when the
 // request names none (not from a kubelet) or skeind has no pod hook.
-func (d *Daemon) podRefOf(cniArgs, containerID, netnsPath string) (PodRef, bool, error) {
+func (d *Daemon) podRefOf(cniArgs, containerID, ifName, netnsPath string) (PodRef, bool, error) {
 	if d.cfg.PodHook == nil {
 		return PodRef{}, false, nil
 	}
@@ -56,13 +58,13 @@ func (d *Daemon) podRefOf(cniArgs, containerID, netnsPath string) (PodRef, bool,
 	if ns == "" || name == "" {
 		return PodRef{}, false, nil
 	}
-	return PodRef{Namespace: ns, Name: name, ContainerID: containerID, NetNS: netnsPath}, true, nil
+	return PodRef{Namespace: ns, Name: name, ContainerID: containerID, IfName: ifName, NetNS: netnsPath}, true, nil
 }
 
 // podAdded runs the pod hook of a successful ADD (nil when the request
 // names no pod); its error keeps a CNI code (999 unless it has one).
 func (s *cniServer) podAdded(ctx context.Context, req *rpc.CNIRequest) error {
-	pod, ok, err := s.d.podRefOf(req.Args, req.ContainerId, req.Netns)
+	pod, ok, err := s.d.podRefOf(req.Args, req.ContainerId, req.Ifname, req.Netns)
 	if err != nil || !ok {
 		return err
 	}

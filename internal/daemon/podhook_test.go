@@ -94,7 +94,7 @@ func testPodHook(t *testing.T, n *testNode, h *fakeHook, srv *cniServer, conf []
 	if err != nil || r.Error == nil || !strings.Contains(r.Error.Msg, "boom") {
 		t.Fatalf("ADD with a failing hook: %v %v, want an error saying boom", err, r.GetError())
 	}
-	want := PodRef{Namespace: "ns1", Name: "web", ContainerID: "c1", NetNS: pod}
+	want := PodRef{Namespace: "ns1", Name: "web", ContainerID: "c1", IfName: "eth0", NetNS: pod}
 	if len(h.added) != 1 || h.added[0] != want {
 		t.Fatalf("hook saw %+v, want %+v", h.added, want)
 	}

@@ -233,8 +233,16 @@ func applyClient(h *netlink.Handle, plan clientPlan, j *journal) error {
 			return err
 		}
 	}
+	// FoU ports carry no tag: those of a namespace without client state
+	// (no tunnel, no rule of ours) are someone else's, such as a router
+	// pod's (NewRouter's), which the zero configuration skeind applies to
+	// pods naming no Egress must leave alone.
+	ownFoU := len(cur) > 0
+	for _, had := range haveRules {
+		ownFoU = ownFoU || had
+	}
 	for f := range haveFoU {
-		if fouWanted(plan.fou, f) {
+		if fouWanted(plan.fou, f) || !ownFoU {
 			continue
 		}
 		if err := h.FouDel(f.nl()); err != nil {

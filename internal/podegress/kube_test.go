@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -490,6 +491,39 @@ func TestKubernetesPods(t *testing.T) {
 		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
 		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
 	})
+	t.Run("failing re-apply: retried, one event", func(t *testing.T) {
+		n.rec.fail(errors.New("injected re-apply failure"), nil)
+		before := len(n.rec.of(web.Path()))
+		v := "nat2"
+		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		// Retried with backoff (0.1 s, 0.2 s, 0.4 s, ...).
+		kubenode.Eventually(t, 20*time.Second, "retries of the re-apply", func() string {
+			if got := len(n.rec.of(web.Path())) - before; got < 4 {
+				return fmt.Sprintf("%d Apply calls", got)
+			}
+			return ""
+		})
+		n.rec.fail(nil, nil)
+		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		n.waitEvent(t, "web", podegress.ReasonEgressFailed, "injected re-apply failure")
+		time.Sleep(2 * time.Second) // the event sink is asynchronous
+		var l corev1.EventList
+		if err := n.c.List(context.Background(), &l, client.InNamespace("app")); err != nil {
+			t.Fatal(err)
+		}
+		count := 0
+		for _, e := range l.Items {
+			if e.InvolvedObject.Name == "web" && e.Reason == podegress.ReasonEgressFailed && strings.Contains(e.Message, "injected re-apply failure") {
+				count += int(e.Count)
+			}
+		}
+		if count != 1 {
+			t.Errorf("%d EgressFailed events for one failure retried; want 1", count)
+		}
+		v = "nat"
+		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+	})
 	t.Run("DEL despite a failing data plane", func(t *testing.T) {
 		before := len(n.rec.of(web.Path()))
 		n.rec.fail(nil, errors.New("injected failure of the zero config"))
@@ -599,6 +633,35 @@ func TestKubernetesPods(t *testing.T) {
 			t.Fatalf("Apply calls %+v, want ADD's, the re-apply's, then DEL's zero config: %+v", calls, want)
 		}
 	})
+	t.Run("second interface", func(t *testing.T) {
+		// A pod with two interfaces of skein (Multus' secondary
+		// network): the DEL of the second leaves the tunnels, and the pod
+		// followed; the DEL of the first removes them.
+		multi := harness.NewNS(t, "pod")
+		n.createPod(t, "app", "multi", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+		eth0 := cniReq("app", "multi", multi.Path())
+		net1 := cniReq("app", "multi", multi.Path())
+		net1.Ifname = "net1"
+		for _, r := range []*rpc.CNIRequest{eth0, net1} {
+			if err := n.add(t, r); err != nil {
+				t.Fatalf("ADD of %s: %v", r.Ifname, err)
+			}
+		}
+		if err := n.del(t, net1); err != nil {
+			t.Fatal(err)
+		}
+		want := egress.ClientConfig{Gateways: []egress.Gateway{natGW}}
+		if calls := n.rec.of(multi.Path()); !reflect.DeepEqual(calls, []egress.ClientConfig{want, want}) {
+			t.Fatalf("Apply calls of ADD eth0, ADD net1, DEL net1: %+v; want the gateway twice, no zero config", calls)
+		}
+		v := "nat2"
+		n.annotate(t, "app", "multi", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		n.waitApplied(t, multi.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		if err := n.del(t, eth0); err != nil {
+			t.Fatal(err)
+		}
+		n.waitApplied(t, multi.Path(), egress.ClientConfig{})
+	})
 	t.Run("cost on ADD", func(t *testing.T) {
 		// What the hook adds to an ADD besides the data plane's own work
 		// (the recorder's is nil): cache reads and the resolution.
@@ -640,8 +703,20 @@ func TestKubernetesPods(t *testing.T) {
 		if err := n.add(t, cniReq("app", "api", api.Path())); err != nil {
 			t.Fatal(err)
 		}
-		n.setPodIPs(t, "app", "api", "ctr-api")
+		ips := n.setPodIPs(t, "app", "api", "ctr-api")
+		// A pod whose annotation is removed while skeind is down.
+		old := harness.NewNS(t, "pod")
+		n.createPod(t, "app", "old", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+		if err := n.add(t, cniReq("app", "old", old.Path())); err != nil {
+			t.Fatal(err)
+		}
+		n.setPodIPs(t, "app", "old", "ctr-old")
+		// A finished pod whose addresses were given again, to api (as
+		// they are once a pod is done): it has no say in api's namespace.
+		n.createPod(t, "app", "done", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat2"})
+		n.setPodStatus(t, "app", "done", ips, corev1.PodSucceeded)
 		n.pe.Close()
+		n.annotate(t, "app", "old", skeinv1.AnnotationEgressPrefix+"gw", nil)
 		calls := len(n.rec.of(api.Path()))
 		// A new Client (skeind restarted) finds the pod by its
 		// addresses, converges it, and follows its annotation.
@@ -658,36 +733,122 @@ func TestKubernetesPods(t *testing.T) {
 			return ""
 		})
 		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+		// The unannotated pod's tunnels go.
+		n.waitApplied(t, old.Path(), egress.ClientConfig{})
+		// Every pod of the node was synced at the start, one after the
+		// other: time enough for the finished pod's, if it had one.
+		time.Sleep(time.Second)
+		for _, cfg := range n.rec.of(api.Path())[calls:] {
+			if !reflect.DeepEqual(cfg, egress.ClientConfig{Gateways: []egress.Gateway{natGW}}) {
+				t.Fatalf("after the restart, api's namespace got %+v (the finished pod's gateway?); want only its own %+v", cfg, natGW)
+			}
+		}
 		v := "nat2"
 		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
 		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+
+		// Close while a re-apply runs and another pod's waits behind it:
+		// the running one ends, the waiting one is dropped.
+		entered, release := make(chan struct{}), make(chan struct{})
+		n.rec.mu.Lock()
+		n.rec.hold, n.rec.holdNetNS = func() { close(entered); <-release }, api.Path()
+		n.rec.mu.Unlock()
+		v = "nat"
+		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		select {
+		case <-entered:
+		case <-time.After(20 * time.Second):
+			t.Fatal("no re-apply after the annotation changed")
+		}
+		n.rec.mu.Lock()
+		n.rec.hold = nil
+		n.rec.mu.Unlock()
+		oldCalls := len(n.rec.of(old.Path()))
+		n.annotate(t, "app", "old", skeinv1.AnnotationEgressPrefix+"gw", &v)
+		time.Sleep(time.Second) // old is queued behind api by then
+		closed := make(chan struct{})
+		go func() { pe.Close(); close(closed) }()
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		select {
+		case <-closed:
+		case <-time.After(20 * time.Second):
+			t.Fatal("Close did not return")
+		}
+		if got := n.rec.of(old.Path())[oldCalls:]; len(got) != 0 {
+			t.Errorf("Apply calls after Close: %+v; want none", got)
+		}
 	})
 }
 
 // setPodIPs writes the addresses of container id's attachment as the
-// Pod's status.podIPs.
-func (n *node) setPodIPs(t *testing.T, ns, name, id string) {
+// Pod's status.podIPs, and returns them.
+func (n *node) setPodIPs(t *testing.T, ns, name, id string) []netip.Addr {
 	t.Helper()
 	atts, err := n.st.ListAttachments(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ips []netip.Addr
+	for _, a := range atts {
+		if a.ContainerID == id {
+			ips = append(ips, a.Addrs...)
+		}
+	}
+	if len(ips) == 0 {
+		t.Fatalf("no attachment of container %s", id)
+	}
+	n.setPodStatus(t, ns, name, ips, corev1.PodRunning)
+	return ips
+}
+
+// setPodStatus writes the Pod's status.podIPs and phase.
+func (n *node) setPodStatus(t *testing.T, ns, name string, ips []netip.Addr, phase corev1.PodPhase) {
+	t.Helper()
 	pod := &corev1.Pod{}
 	if err := n.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range atts {
-		if a.ContainerID == id {
-			for _, ip := range a.Addrs {
-				pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip.String()})
-			}
-		}
+	pod.Status.PodIPs = nil
+	for _, ip := range ips {
+		pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip.String()})
 	}
-	if len(pod.Status.PodIPs) == 0 {
-		t.Fatalf("no attachment of container %s", id)
-	}
-	pod.Status.PodIP = pod.Status.PodIPs[0].IP
+	pod.Status.PodIP, pod.Status.Phase = pod.Status.PodIPs[0].IP, phase
 	if err := n.c.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMissingCRD: without the Egress CRD, New fails at once with an error
+// saying so and naming --egress=false (skeind then does not start).
+func TestMissingCRD(t *testing.T) {
+	harness.RequireRoot(t)
+	dir := t.TempDir()
+	crds, err := filepath.Glob(filepath.Join("..", "..", "deploy", "kubernetes", "crd", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("the CRDs: %v %v", crds, err)
+	}
+	for _, f := range crds {
+		if strings.Contains(f, "egresses") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := kube.Start(t, kube.Options{CRDDir: dir})
+	start := time.Now()
+	_, err = podegress.New(context.Background(), podegress.Options{Config: env.Config, Node: "n1", Applier: &recorder{},
+		SyncTimeout: 20 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "Egress CRD") || !strings.Contains(err.Error(), "--egress=false") {
+		t.Fatalf("New without the Egress CRD: %v; want an error naming the CRD and --egress=false", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("New took %v to fail; want at once, not after the caches' timeout", took)
+	}
+	t.Logf("New: %v", err)
 }

@@ -123,12 +123,17 @@ type Client struct {
 type podState struct {
 	containerID string
 	netns       string
+	// ifName is the interface whose ADD made the state: only its DEL
+	// removes the tunnels (another interface of the pod may come and go);
+	// "" (found again after a restart) = any.
+	ifName string
 	// applied is the configuration the namespace has; known is false
 	// for a pod found again after a restart until it is first applied.
 	applied egress.ClientConfig
 	known   bool
-	// problem is the last Warning recorded, not repeated while it stays.
-	problem string
+	// problem is the last Warning recorded, not repeated while it stays;
+	// failed likewise for the last failed re-apply.
+	problem, failed string
 	// gateways is len(applied.Gateways), guarded by Client.mu (metrics).
 	gateways int
 }
@@ -221,7 +226,15 @@ func (c *Client) Close() {
 func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 	defer c.locks.Lock(key.String())()
-	st := &podState{containerID: ref.ContainerID, netns: ref.NetNS, known: true}
+	st := &podState{containerID: ref.ContainerID, netns: ref.NetNS, ifName: ref.IfName, known: true}
+	// Another interface of a sandbox already followed: the state stays
+	// its first interface's, and what that applied is converged too.
+	had := false
+	c.mu.Lock()
+	if prev := c.pods[key]; prev != nil && prev.containerID == ref.ContainerID {
+		st.ifName, had = prev.ifName, !prev.known || len(prev.applied.Gateways) > 0
+	}
+	c.mu.Unlock()
 	pod, err := c.getPod(ctx, key)
 	if apierrors.IsNotFound(err) {
 		c.remember(key, st) // not a Kubernetes pod after all: nothing to do
@@ -237,7 +250,7 @@ func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 		c.warn(pod, ReasonEgressNotFound, msg)
 		return cnitypes.NewError(cnitypes.ErrTryAgainLater, msg, "")
 	}
-	if len(cfg.Gateways) > 0 {
+	if len(cfg.Gateways) > 0 || had {
 		if err := c.apply(ref.NetNS, cfg); err != nil {
 			err = fmt.Errorf("egress of pod %s: %w", key, err)
 			c.warn(pod, ReasonEgressFailed, err.Error())
@@ -250,15 +263,16 @@ func (c *Client) Added(ctx context.Context, ref daemon.PodRef) error {
 }
 
 // Deleting removes the pod's tunnels (best effort, when its namespace is
-// still there and it may have any) and runs detach, holding the pod's
-// lock so that no re-apply runs in between.
+// still there and it may have any; only on the DEL of the interface whose
+// ADD set them up) and runs detach, holding the pod's lock so that no
+// re-apply runs in between.
 func (c *Client) Deleting(ctx context.Context, ref daemon.PodRef, detach func() error) error {
 	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 	defer c.locks.Lock(key.String())()
 	c.mu.Lock()
 	st := c.pods[key]
 	c.mu.Unlock()
-	mine := st == nil || st.containerID == ref.ContainerID
+	mine := st == nil || st.containerID == ref.ContainerID && (st.ifName == "" || st.ifName == ref.IfName)
 	if mine && ref.NetNS != "" && (st == nil || !st.known || len(st.applied.Gateways) > 0) {
 		if err := c.apply(ref.NetNS, egress.ClientConfig{}); err != nil {
 			c.log.Warn("egress: remove the tunnels of a deleted pod (its namespace goes with it)", "pod", key, "err", err)
@@ -346,7 +360,7 @@ func (c *Client) apply(netnsPath string, cfg egress.ClientConfig) error {
 }
 
 // slimPod keeps of a cached Pod what the Client reads: its identity (for
-// events), its egress annotations, hostNetwork and its addresses.
+// events), its egress annotations, hostNetwork, its addresses and phase.
 func slimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -364,7 +378,7 @@ func slimPod(obj any) (any, error) {
 		}
 	}
 	slim.Spec.NodeName, slim.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
-	slim.Status.PodIPs = p.Status.PodIPs
+	slim.Status.PodIPs, slim.Status.Phase = p.Status.PodIPs, p.Status.Phase
 	return slim, nil
 }
 

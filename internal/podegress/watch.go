@@ -127,6 +127,10 @@ func (c *Client) run(ctx context.Context) {
 		if shutdown {
 			return
 		}
+		if ctx.Err() != nil { // closed: what is still queued is dropped
+			c.queue.Done(key)
+			continue
+		}
 		if err := c.sync(ctx, key); err != nil {
 			c.log.Warn("egress: re-apply a pod's tunnels; retrying", "pod", key, "err", err)
 			c.queue.AddRateLimited(key)
@@ -174,9 +178,14 @@ func (c *Client) sync(ctx context.Context, key types.NamespacedName) error {
 		return nil
 	}
 	if err := c.apply(st.netns, cfg); err != nil {
-		c.warn(pod, ReasonEgressFailed, "egress of pod "+key.String()+": "+err.Error())
+		// Retried with backoff: one event while the failure stays the same.
+		if msg := "egress of pod " + key.String() + ": " + err.Error(); msg != st.failed {
+			c.warn(pod, ReasonEgressFailed, msg)
+			st.failed = msg
+		}
 		return err
 	}
+	st.failed = ""
 	c.mu.Lock()
 	st.applied, st.known, st.gateways = cfg, true, len(cfg.Gateways)
 	c.mu.Unlock()
@@ -184,10 +193,14 @@ func (c *Client) sync(ctx context.Context, key types.NamespacedName) error {
 }
 
 // recover finds the attachment of a pod ADDed before this Client started,
-// by the pod's addresses, when the pod names an Egress (a pod that names
-// none is taken to have no tunnels). Nil when there is none.
+// by the pod's addresses. A pod naming no Egress is found too (and so
+// gets the zero configuration once): its annotation may have been removed
+// while skeind was down, leaving its tunnels. A finished or terminating
+// pod is not: its addresses may already be another pod's. Nil when there
+// is none, or when the attachment is already another pod's.
 func (c *Client) recover(ctx context.Context, pod *corev1.Pod) *podState {
-	if c.o.Attachments == nil || pod.Spec.HostNetwork || !HasEgress(pod.Annotations) || len(pod.Status.PodIPs) == 0 {
+	if c.o.Attachments == nil || pod.Spec.HostNetwork || len(pod.Status.PodIPs) == 0 ||
+		pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil
 	}
 	atts, err := c.o.Attachments(ctx)
@@ -198,7 +211,7 @@ func (c *Client) recover(ctx context.Context, pod *corev1.Pod) *podState {
 	for _, a := range atts {
 		for _, pip := range pod.Status.PodIPs {
 			ip, err := netip.ParseAddr(pip.IP)
-			if err != nil || !slices.Contains(a.Addrs, ip) || a.NetNS == "" {
+			if err != nil || !slices.Contains(a.Addrs, ip) || a.NetNS == "" || c.followed(a.ContainerID) {
 				continue
 			}
 			st := &podState{containerID: a.ContainerID, netns: a.NetNS}
@@ -207,4 +220,16 @@ func (c *Client) recover(ctx context.Context, pod *corev1.Pod) *podState {
 		}
 	}
 	return nil
+}
+
+// followed reports whether a pod's state already holds container id.
+func (c *Client) followed(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.pods {
+		if st.containerID == id {
+			return true
+		}
+	}
+	return false
 }

@@ -24,7 +24,8 @@ var destinationsPath = field.NewPath("spec", "destinations")
 // so "2001:db8:0::/32" repeats "2001:db8::/32"), and none but a default
 // route (0.0.0.0/0, ::/0) overlapping a pool's subnets unless
 // spec.allowPoolOverlap says so — traffic to pods would otherwise leave
-// through the NAT gateway. It returns nil or an
+// through the NAT gateway — and no router pod template in the host's
+// network namespace. It returns nil or an
 // Invalid API error listing every problem.
 func ValidateEgress(eg *skeinv1.Egress, pools []skeinv1.AddressPool) error {
 	var errs field.ErrorList
@@ -52,6 +53,10 @@ func ValidateEgress(eg *skeinv1.Egress, pools []skeinv1.AddressPool) error {
 		}
 		seen[p] = i
 		dests = append(dests, p)
+	}
+	if t := eg.Spec.Template; t != nil && t.Spec.HostNetwork {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "template", "spec", "hostNetwork"),
+			"router pods are privileged and program their own network namespace: in the host's they would rewrite the node's routing and nftables"))
 	}
 	if !eg.Spec.AllowPoolOverlap {
 		// A default route (/0) is the exception: clients send it through

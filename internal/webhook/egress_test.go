@@ -24,6 +24,9 @@ func TestValidateEgress(t *testing.T) {
 	pools := []skeinv1.AddressPool{*pool("default", 5, dual("10.64.0.0/16", "fd00:64::/112"))}
 	allowed := egress("x", "10.0.0.0/8")
 	allowed.Spec.AllowPoolOverlap = true
+	hostNet := egress("h", "0.0.0.0/0")
+	hostNet.Spec.Template = &skeinv1.EgressPodTemplate{}
+	hostNet.Spec.Template.Spec.HostNetwork = true
 	for _, tc := range []struct {
 		name string
 		eg   *skeinv1.Egress
@@ -42,6 +45,7 @@ func TestValidateEgress(t *testing.T) {
 		{"duplicate spelled differently", egress("a", "2001:db8::/32", "2001:db8:0::/32"), "spec.destinations[1]: Duplicate value"},
 		{"covers a pool", egress("a", "10.0.0.0/8"), `10.0.0.0/8 overlaps 10.64.0.0/16 of AddressPool "default"`},
 		{"inside a v6 pool", egress("a", "fd00:64::/120"), "allowPoolOverlap"},
+		{"router pods on the host network", hostNet, "spec.template.spec.hostNetwork: Forbidden"},
 	} {
 		err := ValidateEgress(tc.eg, pools)
 		switch {

@@ -142,6 +142,10 @@ func init() {
 // returns nil. It returns an error when the informers do not sync, when
 // the data plane cannot be opened, or when closing it fails.
 func (a *Agent) Run(ctx context.Context) (err error) {
+	// The informers live as long as Run, also when it ends with an error
+	// and the caller's context goes on.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	c, err := a.startCache(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -351,7 +355,7 @@ func (a *Agent) podDeleted(obj any) {
 	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	if p, ok := obj.(*corev1.Pod); ok && a.peers.remove(p.UID) {
+	if p, ok := obj.(*corev1.Pod); ok && a.peers.remove(podKey(p)) {
 		a.poke()
 	}
 }

@@ -512,3 +512,76 @@ func TestPeriodicResync(t *testing.T) {
 		return ""
 	})
 }
+
+// TestRunStopsInformersOnError: when Run ends with an error (here a data
+// plane that cannot be opened) while its context lives on, it stops the
+// informers it started: no goroutine and no watch outlives it.
+func TestRunStopsInformersOnError(t *testing.T) {
+	env := kube.Start(t, kube.Options{})
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, ns := range []string{egNS, "apps"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := New(Options{
+		Config: env.Config, Namespace: egNS, Name: egName,
+		Open:      func(DataplaneConfig) (Dataplane, error) { return nil, errors.New("no data plane on purpose") },
+		Dataplane: DataplaneConfig{Local4: netip.MustParseAddr("10.9.0.1")},
+		Coalesce:  10 * time.Millisecond,
+		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	r := &rig{c: c}
+	r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no data plane on purpose") {
+			t.Fatalf("Run: %v, want the open error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not end on a data plane that cannot be opened")
+	}
+	// A client appearing now must not reach the stopped agent's pod set.
+	r.createPod(t, "apps", "late", map[string]string{skeinv1.AnnotationEgressPrefix + egNS: egName}, false, corev1.PodRunning, "10.1.0.1")
+	time.Sleep(time.Second)
+	if got, pods := a.peers.snapshot(); len(got) != 0 || pods != 0 {
+		t.Errorf("after Run returned, its pod informer still ran: peers %v of %d pods", got, pods)
+	}
+}
+
+// TestEgressDeletedWhileRunning: the Egress going (its router pods are
+// stopped by the garbage collector soon after) neither closes the data
+// plane nor stops it following clients: connections through it live on
+// until SIGTERM.
+func TestEgressDeletedWhileRunning(t *testing.T) {
+	r := start(t, 0)
+	use := map[string]string{skeinv1.AnnotationEgressPrefix + egNS: "nat"}
+	r.createPod(t, "apps", "a", use, false, corev1.PodRunning, "10.1.0.1")
+	eg := r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	r.wantPeers(t, "first sync", "10.1.0.1")
+	if err := r.c.Delete(context.Background(), eg); err != nil {
+		t.Fatal(err)
+	}
+	r.createPod(t, "apps", "b", use, false, corev1.PodRunning, "10.1.0.2")
+	r.wantPeers(t, "a client after the Egress went", "10.1.0.1", "10.1.0.2")
+	if n := len(r.op.all()); n != 1 {
+		t.Errorf("%d data planes opened, want the first one kept", n)
+	}
+	cur := r.op.current()
+	cur.mu.Lock()
+	closed := cur.closed
+	cur.mu.Unlock()
+	if closed || !r.agent.Ready() {
+		t.Errorf("after the Egress went: data plane closed %v, ready %v; want open and ready", closed, r.agent.Ready())
+	}
+}

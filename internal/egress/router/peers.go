@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
@@ -71,37 +70,48 @@ func Strip(pod *corev1.Pod, namespace string) *corev1.Pod {
 }
 
 // peerSet is the client addresses of each pod, kept from informer events.
+//
+// Pods are keyed by namespace/name, as the informer keys them, not by
+// UID: a pod deleted and made again under its name while the watch was
+// down (a StatefulSet's) comes back from the relist as an update of the
+// old object, with no delete, so a set keyed by UID would keep the old
+// pod's addresses for good.
 type peerSet struct {
 	namespace, name string
 
 	mu    sync.Mutex
-	byPod map[types.UID][]netip.Addr
+	byPod map[string][]netip.Addr
 }
 
 func newPeerSet(namespace, name string) *peerSet {
-	return &peerSet{namespace: namespace, name: name, byPod: map[types.UID][]netip.Addr{}}
+	return &peerSet{namespace: namespace, name: name, byPod: map[string][]netip.Addr{}}
 }
+
+// podKey is pod's key in a peerSet (and in the informer's store).
+func podKey(pod *corev1.Pod) string { return pod.Namespace + "/" + pod.Name }
 
 // update records pod's addresses and reports whether they changed.
 func (s *peerSet) update(pod *corev1.Pod) bool {
 	addrs := ClientAddrs(pod, s.namespace, s.name)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old, had := s.byPod[pod.UID]
+	key := podKey(pod)
+	old, had := s.byPod[key]
 	if len(addrs) == 0 {
-		delete(s.byPod, pod.UID)
+		delete(s.byPod, key)
 		return had
 	}
-	s.byPod[pod.UID] = addrs
+	s.byPod[key] = addrs
 	return !had || !slices.Equal(old, addrs)
 }
 
-// remove forgets pod and reports whether it had addresses.
-func (s *peerSet) remove(uid types.UID) bool {
+// remove forgets the pod of key (podKey) and reports whether it had
+// addresses.
+func (s *peerSet) remove(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, had := s.byPod[uid]
-	delete(s.byPod, uid)
+	_, had := s.byPod[key]
+	delete(s.byPod, key)
 	return had
 }
 

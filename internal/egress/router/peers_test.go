@@ -97,8 +97,8 @@ func TestPeerSet(t *testing.T) {
 		{"an address reused by a new pod", func() bool { return s.update(pod("d", use, corev1.PodRunning, false, "10.0.0.1")) }, true, addrs("10.0.0.1", "10.0.0.3", "fd00::3"), 3},
 		{"the old one finishes", func() bool { return s.update(pod("a", use, corev1.PodSucceeded, false, "10.0.0.1")) }, true, addrs("10.0.0.1", "10.0.0.3", "fd00::3"), 2},
 		{"annotation dropped", func() bool { return s.update(pod("c", nil, corev1.PodRunning, false, "fd00::3", "10.0.0.3")) }, true, addrs("10.0.0.1"), 1},
-		{"delete unknown", func() bool { return s.remove("zz") }, false, addrs("10.0.0.1"), 1},
-		{"delete", func() bool { return s.remove("d") }, true, nil, 0},
+		{"delete unknown", func() bool { return s.remove("apps/zz") }, false, addrs("10.0.0.1"), 1},
+		{"delete", func() bool { return s.remove("apps/d") }, true, nil, 0},
 	}
 	for _, st := range steps {
 		if got := st.do(); got != st.changed {
@@ -108,5 +108,31 @@ func TestPeerSet(t *testing.T) {
 		if !slices.Equal(got, st.want) || pods != st.pods {
 			t.Errorf("%s: snapshot %v of %d pods, want %v of %d", st.name, got, pods, st.want, st.pods)
 		}
+	}
+}
+
+// A pod deleted and made again under its name (a StatefulSet's) while the
+// watch was down: the informer's relist replaces the old object by the
+// new one under the same key and calls the update handler, never the
+// delete handler, so the old pod's addresses must go with that update.
+func TestPeerSetPodReplacedOnRelist(t *testing.T) {
+	s := newPeerSet("gw", "nat")
+	use := map[string]string{"egress.skein.dev/gw": "nat"}
+	old := pod("web-0", use, corev1.PodRunning, false, "10.0.0.1")
+	s.update(old)
+	recreated := pod("web-0", use, corev1.PodRunning, false, "10.0.0.9")
+	recreated.UID = "web-0-again"
+	if !s.update(recreated) {
+		t.Error("the recreated pod's new address was not a change")
+	}
+	if got, pods := s.snapshot(); !slices.Equal(got, addrs("10.0.0.9")) || pods != 1 {
+		t.Errorf("snapshot %v of %d pods, want only the new pod's 10.0.0.9 of 1", got, pods)
+	}
+	// Its later deletion (by the informer's key) leaves nothing.
+	if !s.remove(podKey(recreated)) {
+		t.Error("deleting the recreated pod was not a change")
+	}
+	if got, pods := s.snapshot(); len(got) != 0 || pods != 0 {
+		t.Errorf("after the delete: snapshot %v of %d pods, want none", got, pods)
 	}
 }
