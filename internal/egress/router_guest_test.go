@@ -680,3 +680,48 @@ func TestGuestEgressQuietConnection(t *testing.T) {
 		ln.Close()
 	}
 }
+
+// TestGuestRouterUntaggedLeftover: a router that died between creating a
+// peer's tunnel and tagging it leaves an untagged device of that name; the
+// next NewRouter clears it, so the peer is not refused for good, and
+// leaves a foreign device of another shape alone.
+func TestGuestRouterUntaggedLeftover(t *testing.T) {
+	requireTunnels(t)
+	node, rns := harness.NewNS(t, "egnode"), harness.NewNS(t, "egrouter")
+	plugPod(t, node, rns, "vleft", router4[0], router6[0])
+	h, err := openHandle(rns.Path(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	r0, err := NewRouter(RouterConfig{NetNS: rns.Path(), Local4: router4[0], Local6: router6[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r0 // dies without Close
+	for _, p := range []netip.Addr{client4, client6} {
+		tn := (&Router{cfg: RouterConfig{Port: DefaultPort, Local4: router4[0], Local6: router6[0]}}).tunnelFor(p)
+		tn.alias = "" // created, not tagged yet
+		if err := h.LinkAdd(tn.link()); err != nil {
+			t.Fatalf("the untagged leftover %s: %v", tn.name, err)
+		}
+	}
+	// A foreign device with our prefix but not a peer's name shape.
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "egc4-mine"}, PeerName: "egc4-minepeer"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(RouterConfig{NetNS: rns.Path(), Local4: router4[0], Local6: router6[0]})
+	if err != nil {
+		t.Fatalf("NewRouter over untagged leftovers: %v", err)
+	}
+	defer r.Close()
+	if err := r.SyncPeers([]netip.Addr{client4, client6}); err != nil {
+		t.Fatalf("SyncPeers after untagged leftovers: %v", err)
+	}
+	if s, err := r.Stats(); err != nil || s.Tunnels != 2 || s.Peers != 2 {
+		t.Errorf("stats %+v, %v; want 2 tunnels and 2 peers", s, err)
+	}
+	if _, err := h.LinkByName("egc4-mine"); err != nil {
+		t.Errorf("the foreign device egc4-mine: %v, want it left alone", err)
+	}
+}

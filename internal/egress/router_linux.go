@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/google/nftables"
@@ -181,6 +182,22 @@ func (r *Router) setup() error {
 			return err
 		}
 	}
+	// So are untagged tunnels with a peer's device name: a run that died
+	// between creating one and tagging it. A router pod holds nothing
+	// else of these kinds and names, and left there each would refuse its
+	// peer for good (ErrNameClash).
+	for name := range old.foreign {
+		l, err := r.h.LinkByName(name)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if !isPeerName(name) || (l.Type() != "ipip" && l.Type() != "ip6tnl") {
+			continue
+		}
+		if err := delLink(r.h, name); err != nil {
+			return err
+		}
+	}
 	if err := installNFT(r.nft, r.cfg.OutInterface); err != nil {
 		return err
 	}
@@ -197,6 +214,17 @@ func (r *Router) setup() error {
 		}
 	}
 	return nil
+}
+
+// isPeerName reports whether name has the shape of a peer's device name:
+// a router prefix and eight hex digits.
+func isPeerName(name string) bool {
+	for _, p := range []string{routerPrefix4, routerPrefix6} {
+		if h, ok := strings.CutPrefix(name, p); ok && len(h) == 8 && strings.Trim(h, "0123456789abcdef") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Router) tunnelFor(peer netip.Addr) tunnel {
