@@ -15,7 +15,9 @@ package egress
 // RouterTable" at RouterRulePrio, and the nftables table NFTable (a
 // forward chain with counters, a postrouting masquerade). Every device
 // carries the alias "skein-egress:..." that marks it as this package's;
-// nothing without it is touched.
+// nothing without it is touched, except by NewRouter: an untagged
+// ipip/ip6tnl device with a peer's name is a crashed run's half-made
+// tunnel and goes.
 //
 // # Session persistence
 //
