@@ -15,8 +15,8 @@ import (
 
 // ApplyClient converges the pod's network namespace (netnsPath) to cfg:
 // FoU receive ports, one tunnel per gateway and family (plus the
-// flow-based fallback devices when a gateway picks source ports per
-// flow), the seed's policy rules and the routes of tables 117 and 118.
+// flow-based fallback devices, for what comes from a router pod's own
+// address), the seed's policy rules and the routes of tables 117 and 118.
 // The zero ClientConfig removes everything it made. It is idempotent and
 // touches only its own objects: devices tagged with its alias, rules that
 // are exactly the seed's, routes through its devices, FoU ports of its
@@ -177,6 +177,10 @@ func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal
 		at[[2]any{r.table, r.dst}] = r
 	}
 	wantRoute := map[route]bool{}
+	// Our routes replaced in place by a wanted one through another
+	// device (a destination moving between gateways): they are gone
+	// already, and deleting them again would fail.
+	overwritten := map[route]bool{}
 	for _, r := range plan.routes {
 		wantRoute[r] = true
 		if have[r] {
@@ -190,6 +194,7 @@ func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal
 			return fmt.Errorf("route %s dev %s table %d: %w", r.dst, r.dev, r.table, err)
 		}
 		if old, ok := at[[2]any{r.table, r.dst}]; ok {
+			overwritten[old] = true
 			j.add(func() error { return replaceRoute(h, old) })
 		} else {
 			j.add(func() error { return h.RouteDel(x) })
@@ -215,7 +220,7 @@ func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal
 
 	// 5. Remove what is no longer wanted: routes, rules, devices, ports.
 	for _, r := range routes {
-		if wantRoute[r] || !have[r] {
+		if wantRoute[r] || !have[r] || overwritten[r] {
 			continue
 		}
 		if err := delRoute(h, r, j); err != nil {

@@ -201,9 +201,8 @@ func checkState(t *testing.T, st ClientStatus, auto bool) {
 		{Device: clientTunnelName(false, "default", "egress"), Gateway: "default/egress", Remote: svc4, Local: client4, SourcePort: sport, DestPort: DefaultPort},
 		{Device: clientTunnelName(true, "default", "egress"), Gateway: "default/egress", IPv6: true, Remote: svc6, Local: client6, SourcePort: sport, DestPort: DefaultPort},
 	}
-	if auto {
-		want = append(want, TunnelStatus{Device: flowDevice4, FlowBased: true}, TunnelStatus{Device: flowDevice6, IPv6: true, FlowBased: true})
-	}
+	// The flow-based devices, with either source port.
+	want = append(want, TunnelStatus{Device: flowDevice4, FlowBased: true}, TunnelStatus{Device: flowDevice6, IPv6: true, FlowBased: true})
 	sortTunnels(want)
 	if !reflect.DeepEqual(st.Tunnels, want) {
 		t.Errorf("tunnels = %+v\nwant %+v", st.Tunnels, want)
@@ -294,8 +293,8 @@ func TestGuestApplyClientRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Tunnels) != 1 || st.Tunnels[0].IPv6 || len(st.Routes) != 1 || len(st.Rules) != len(clientRules(false)) || len(st.FoUPorts) != 1 {
-		t.Errorf("IPv4-only pod: %+v, want the IPv4 tunnel, route, rules and port only", st)
+	if len(st.Tunnels) != 2 || st.Tunnels[0].IPv6 || st.Tunnels[1].IPv6 || len(st.Routes) != 1 || len(st.Rules) != len(clientRules(false)) || len(st.FoUPorts) != 1 {
+		t.Errorf("IPv4-only pod: %+v, want the IPv4 tunnel (and flow-based device), route, rules and port only", st)
 	}
 	if err := ApplyClient(noV6.Path(), ClientConfig{}); err != nil {
 		t.Fatal(err)

@@ -5,8 +5,9 @@ package egress
 // In a client pod (ApplyClient): FoU receive ports (UDP Port: IPIP for
 // IPv4, IPv6-in-IPv6 for IPv6); per gateway and family a tunnel
 // "egr4-"/"egr6-" + 8 hex digits of a hash of "<namespace>/<name>",
-// remote the Service's ClusterIP, local the pod's address; the flow-based
-// "egr4-flow"/"egr6-flow" when a gateway picks source ports per flow; the
+// remote the Service's ClusterIP, local the pod's address; per family with
+// a tunnel, the flow-based "egr4-flow"/"egr6-flow" for what comes from a
+// router pod's own address (see Session persistence); the
 // seed's policy rules (PrioLinkLocal .. PrioWide); routes in TableNarrow
 // and TableWide. In a router pod (Router): the FoU ports, one tunnel
 // "egc4-"/"egc6-" + hash of the client address per client, its /32
@@ -14,7 +15,9 @@ package egress
 // RouterTable" at RouterRulePrio, and the nftables table NFTable (a
 // forward chain with counters, a postrouting masquerade). Every device
 // carries the alias "skein-egress:..." that marks it as this package's;
-// nothing without it is touched.
+// nothing without it is touched, except by NewRouter: an untagged
+// ipip/ip6tnl device with a peer's name is a crashed run's half-made
+// tunnel and goes.
 //
 // # Session persistence
 //
@@ -30,7 +33,10 @@ package egress
 //     indefinitely; the Service's ClientIP affinity (10800 s by default)
 //     pins it further. The reply path needs this: the router answers
 //     from routerIP:Port, which the node's conntrack turns back into the
-//     ClusterIP the pod's tunnel expects.
+//     ClusterIP the pod's tunnel expects. Once that entry has expired
+//     (a connection quiet for longer than the timeout) and the router
+//     speaks first, its packets reach the pod from routerIP: the
+//     flow-based device takes them, so the connection survives.
 //   - Source port per flow (SourcePortAuto): each inner flow hashes to
 //     its own outer source port and gets its own conntrack entry, so
 //     flows spread over the routers (unless ClientIP affinity, which

@@ -103,7 +103,22 @@ func unsupported(err error, t tunnel) error {
 		}
 		return fmt.Errorf("%s module not available (create %s: %v): %w", mod, t.name, err, ErrNotSupported)
 	}
+	// An ip6tnl device with FoU encapsulation needs fou6, which nothing
+	// loads on demand: without it the kernel only says EINVAL.
+	if t.v6 && !t.flow && errors.Is(err, unix.EINVAL) && moduleMissing("fou6") {
+		return fmt.Errorf("fou6 module not available (create %s with FoU encapsulation: %v; modprobe fou6): %w", t.name, err, ErrNotSupported)
+	}
 	return err
+}
+
+// moduleMissing reports whether /sys/module lists no module name (false
+// when /sys/module cannot be read: then nothing is known).
+func moduleMissing(name string) bool {
+	if _, err := os.Stat("/sys/module"); err != nil {
+		return false
+	}
+	_, err := os.Stat("/sys/module/" + name)
+	return errors.Is(err, os.ErrNotExist)
 }
 
 func ipOf(a netip.Addr) net.IP {

@@ -171,7 +171,7 @@ func planClient(cfg ClientConfig) (clientPlan, error) {
 	names := map[string]string{}
 	routed := map[netip.Prefix]bool{}
 	fous := map[fouPort]bool{}
-	var auto4, auto6 bool
+	var any4, any6 bool // a tunnel of the family: the flow-based device too
 	for _, g := range gws {
 		id := g.Namespace + "/" + g.Name
 		if g.Namespace == "" || g.Name == "" {
@@ -229,20 +229,27 @@ func planClient(cfg ClientConfig) (clientPlan, error) {
 			t := tunnel{name: name, v6: f == 1, remote: svc[f], sport: uint16(port), dport: uint16(port), alias: aliasGW + id}
 			if g.SourcePortAuto {
 				t.sport = 0
-				if f == 1 {
-					auto6 = true
-				} else {
-					auto4 = true
-				}
+			}
+			if f == 1 {
+				any6 = true
+			} else {
+				any4 = true
 			}
 			p.tunnels = append(p.tunnels, t)
 			fous[fouPort{v6: f == 1, port: port}] = true
 		}
 	}
-	if auto4 {
+	// The flow-based devices take what comes from a router pod's own
+	// address rather than the ClusterIP: every reply with per-flow source
+	// ports, and with the fixed port too once the node's conntrack entry
+	// of the pod's outer flow is gone (idle past the UDP timeout, or
+	// flushed) and the router speaks first, say an external server
+	// sending on a quiet connection: without them that traffic is
+	// dropped, and the connection with it.
+	if any4 {
 		p.tunnels = append(p.tunnels, tunnel{name: flowDevice4, flow: true, alias: aliasFlow})
 	}
-	if auto6 {
+	if any6 {
 		p.tunnels = append(p.tunnels, tunnel{name: flowDevice6, v6: true, flow: true, alias: aliasFlow})
 	}
 	has := [2]bool{}

@@ -120,3 +120,21 @@ func TestPlanWithoutFamily(t *testing.T) {
 		t.Errorf("without both: %+v", e)
 	}
 }
+
+// TestPlanClientFlowDeviceWithFixedPort: a fixed-port gateway gets the
+// flow-based device of its family too (what a router sends from its own
+// address once the node's conntrack entry of the outer flow is gone).
+func TestPlanClientFlowDeviceWithFixedPort(t *testing.T) {
+	p, err := planClient(ClientConfig{Gateways: []Gateway{{Namespace: "n", Name: "x",
+		ServiceIPs: []netip.Addr{ip("10.96.0.1"), ip("fd00::1")}, Destinations: []netip.Prefix{pfx("0.0.0.0/0")}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tn := range p.tunnels {
+		names = append(names, tn.name)
+	}
+	if want := []string{clientTunnelName(false, "n", "x"), flowDevice4}; !reflect.DeepEqual(names, want) {
+		t.Errorf("tunnels = %v, want %v (no IPv6 destination: no IPv6 device)", names, want)
+	}
+}

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
@@ -28,9 +30,9 @@ type RouterConfig struct {
 	// OutInterface is where SNAT'd traffic leaves; "" is "eth0".
 	OutInterface string
 	// SourcePortAuto picks the encapsulation's UDP source port per flow
-	// instead of Port. Clients must then have their flow-based fallback
-	// device (ApplyClient makes it for SourcePortAuto gateways): the
-	// replies come from this pod's address, not from the ClusterIP.
+	// instead of Port. The replies then come from this pod's address,
+	// not from the ClusterIP, and land on the clients' flow-based
+	// fallback devices (ApplyClient always makes them).
 	SourcePortAuto bool
 }
 
@@ -39,7 +41,9 @@ type RouterStats struct {
 	Tunnels int // tunnel devices present
 	Peers   int // client addresses in the last SyncPeers that have a tunnel
 	// ConntrackEntries are the connection-tracking entries whose original
-	// source is a peer (the NAT'd sessions).
+	// source is a peer and whose replies go to another address: the
+	// sessions SNAT'd for clients (not the tunnels' own FoU flows, nor a
+	// client's direct connections to the router pod).
 	ConntrackEntries int
 	// Packets and Bytes forwarded between tunnels and the outside, both
 	// directions (nftables counters).
@@ -55,6 +59,7 @@ type Router struct {
 	cfg RouterConfig
 	h   *netlink.Handle
 	nft *nftables.Conn
+	ct  *nl.NetlinkSocket // Stats' conntrack dumps
 
 	mu     sync.Mutex
 	peers  map[netip.Addr]bool
@@ -100,16 +105,22 @@ func NewRouter(cfg RouterConfig) (_ *Router, retErr error) {
 	if err := requireFoU(); err != nil {
 		return nil, err
 	}
-	h, err := openHandle(cfg.NetNS, true)
+	h, err := openHandle(cfg.NetNS, false)
 	if err != nil {
+		return nil, err
+	}
+	ct, err := ctSocket(cfg.NetNS)
+	if err != nil {
+		h.Close()
 		return nil, err
 	}
 	c, err := nftConn(cfg.NetNS)
 	if err != nil {
 		h.Close()
+		ct.Close()
 		return nil, err
 	}
-	r := &Router{cfg: cfg, h: h, nft: c, peers: map[netip.Addr]bool{}}
+	r := &Router{cfg: cfg, h: h, nft: c, ct: ct, peers: map[netip.Addr]bool{}}
 	if err := r.setup(); err != nil {
 		_ = r.Close()
 		return nil, err
@@ -173,6 +184,22 @@ func (r *Router) setup() error {
 			return err
 		}
 	}
+	// So are untagged tunnels with a peer's device name: a run that died
+	// between creating one and tagging it. A router pod holds nothing
+	// else of these kinds and names, and left there each would refuse its
+	// peer for good (ErrNameClash).
+	for name := range old.foreign {
+		l, err := r.h.LinkByName(name)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if !isPeerName(name) || (l.Type() != "ipip" && l.Type() != "ip6tnl") {
+			continue
+		}
+		if err := delLink(r.h, name); err != nil {
+			return err
+		}
+	}
 	if err := installNFT(r.nft, r.cfg.OutInterface); err != nil {
 		return err
 	}
@@ -189,6 +216,17 @@ func (r *Router) setup() error {
 		}
 	}
 	return nil
+}
+
+// isPeerName reports whether name has the shape of a peer's device name:
+// a router prefix and eight hex digits.
+func isPeerName(name string) bool {
+	for _, p := range []string{routerPrefix4, routerPrefix6} {
+		if h, ok := strings.CutPrefix(name, p); ok && len(h) == 8 && strings.Trim(h, "0123456789abcdef") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Router) tunnelFor(peer netip.Addr) tunnel {
@@ -298,19 +336,15 @@ func (r *Router) Stats() (RouterStats, error) {
 	}
 	s.Tunnels = len(ts.ours)
 	for _, v6 := range r.families() {
-		fam := netlink.InetFamily(unix.AF_INET)
+		fam := uint8(unix.AF_INET)
 		if v6 {
 			fam = unix.AF_INET6
 		}
-		flows, err := r.h.ConntrackTableList(netlink.ConntrackTable, fam)
+		n, err := countSNAT(r.ct, fam, r.peers)
 		if err != nil {
-			return s, fmt.Errorf("egress router stats: list conntrack: %w", err)
+			return s, fmt.Errorf("egress router stats: %w", err)
 		}
-		for _, f := range flows {
-			if r.peers[addrOf(f.Forward.SrcIP)] {
-				s.ConntrackEntries++
-			}
-		}
+		s.ConntrackEntries += n
 	}
 	cs, err := nftCounters(r.nft)
 	if err != nil {
@@ -376,6 +410,7 @@ func (r *Router) Close() error {
 	}
 	_ = r.nft.CloseLasting()
 	r.h.Close()
+	r.ct.Close()
 	r.peers = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("egress router close: %w", err)

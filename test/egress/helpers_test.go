@@ -335,7 +335,9 @@ func (cl *cluster) tunnelProblem(p *kubenode.Pod, want bool) string {
 	tunnels := map[string]netlink.Link{}
 	for _, l := range links {
 		for _, pre := range []string{"egr4-", "egr6-"} {
-			if strings.HasPrefix(l.Attrs().Name, pre) {
+			// The flow-based devices (egr4-flow, egr6-flow) are the
+			// fallback for replies from router pods' own addresses.
+			if strings.HasPrefix(l.Attrs().Name, pre) && l.Attrs().Name != pre+"flow" {
 				tunnels[pre] = l
 			}
 		}
