@@ -60,6 +60,7 @@ bench: deps build
 	$(MAKE) bench-kurma
 	$(MAKE) bench-kube KUBE_SCALE="-nodes 1000 -pods 100000"
 	$(MAKE) bench-routing
+	$(MAKE) bench-egress
 
 # Kubernetes mode at scale: real apiserver+etcd, the skein-controller
 # binary, simulated nodes running kubestore+ipam; $(BENCH_OUT)/kube-scale.
