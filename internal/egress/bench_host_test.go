@@ -20,8 +20,8 @@ import (
 // to the pod's raw-netlink attachment (veth pair, addresses, routes): the
 // native side of the estimate in docs/benchmarks/egress.md. The host has
 // no fou, ipip or ip6tnl, so the two tunnel devices are stood in for by a
-// veth pair made inside the pod (two devices, up) and the FoU ports are
-// left out; everything else is ApplyClient's own code. One pass of 40
+// veth pair made inside the pod (two devices, up), the two flow-based
+// devices by a second pair, and the FoU ports are left out; everything else is ApplyClient's own code. One pass of 40
 // pods (-benchtime 1x); root.
 func BenchmarkHostClientSteps(b *testing.B) {
 	harness.RequireRoot(b)
@@ -91,6 +91,9 @@ func BenchmarkHostClientSteps(b *testing.B) {
 		plan, _ := planClient(cfg)
 		tm("sourceFor x2", func() {
 			for _, t := range plan.tunnels {
+				if t.flow {
+					continue // no remote, no lookup
+				}
 				_, err := sourceFor(h, t.remote)
 				ck(err)
 			}
@@ -108,6 +111,17 @@ func BenchmarkHostClientSteps(b *testing.B) {
 			ck(h.LinkSetAlias(l6, "skein-egress:y"))
 		})
 		ck(h.LinkSetUp(l6))
+		// The flow-based devices (egr4-flow, egr6-flow), made for
+		// every gateway: two more devices, tagged.
+		tm("2 flow devices (veth pair, up, alias x2)", func() {
+			f := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "egr4-flow", Flags: net.FlagUp}, PeerName: "egr6-flow"}
+			ck(h.LinkAdd(f))
+			ck(h.LinkSetAlias(f, aliasFlow))
+			f6, err := h.LinkByName("egr6-flow")
+			ck(err)
+			ck(h.LinkSetAlias(f6, aliasFlow))
+			ck(h.LinkSetUp(f6))
+		})
 		tm("routes x2", func() {
 			ck(h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Table: 118, Dst: ipNet(pfx("0.0.0.0/0")), Scope: netlink.SCOPE_LINK}))
 			ck(h.RouteReplace(&netlink.Route{LinkIndex: l6.Attrs().Index, Table: 118, Dst: ipNet(pfx("::/0")), Scope: netlink.SCOPE_LINK, Family: netlink.FAMILY_V6}))

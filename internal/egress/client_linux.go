@@ -24,6 +24,14 @@ import (
 // journal of changes is undone; if that fails too the error wraps
 // ErrUndoFailed). The calling thread's namespace is never changed.
 //
+// One exception to "its own": an untagged ipip (ip6tnl) device named
+// exactly as a tunnel of cfg of that family is a call's that died between
+// creating the device and tagging it, and is replaced; another device
+// with such a name fails the call with ErrNameClash. The leftover is
+// removed when its tunnel is about to be made and is not restored if the
+// call fails later: "as before the call" means without it (it was never
+// usable, and a retry would remove it again).
+//
 // A tunnel's local address is the pod's source address towards the
 // ServiceIP (what the kernel would pick), so the pod's interface and
 // routes must be in place first. A family the pod has no global address
@@ -155,7 +163,19 @@ func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal
 			}
 			replaced[t.name] = true
 		}
-		i, err := addTunnel(h, t, foreign[t.name], j)
+		kind, clash := foreign[t.name]
+		if clash && kind == t.kind() {
+			// An untagged device of the kind and name this tunnel
+			// would have: a crashed call's, made and never tagged
+			// (tagging is a second request). It goes, unjournaled:
+			// it is no state of anyone's, and kept it would refuse
+			// this gateway for good.
+			if err := delLink(h, t.name); err != nil {
+				return fmt.Errorf("remove the untagged leftover: %w", err)
+			}
+			clash = false
+		}
+		i, err := addTunnel(h, t, clash, j)
 		if err != nil {
 			return err
 		}

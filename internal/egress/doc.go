@@ -15,9 +15,10 @@ package egress
 // RouterTable" at RouterRulePrio, and the nftables table NFTable (a
 // forward chain with counters, a postrouting masquerade). Every device
 // carries the alias "skein-egress:..." that marks it as this package's;
-// nothing without it is touched, except by NewRouter: an untagged
-// ipip/ip6tnl device with a peer's name is a crashed run's half-made
-// tunnel and goes.
+// nothing without it is touched, except a crashed run's half-made tunnel
+// (the alias is set by a second request): NewRouter removes an untagged
+// ipip/ip6tnl device with a peer's name, and ApplyClient replaces an
+// untagged device of the kind and name of a tunnel it is to make.
 //
 // # Session persistence
 //

@@ -163,6 +163,14 @@ func prefixOf(n *net.IPNet, v6 bool) netip.Prefix {
 // in front of the inner packet.
 const ip6tnlIgnEncapLimit = 0x1
 
+// kind is the link type of t as the kernel reports it.
+func (t tunnel) kind() string {
+	if t.v6 {
+		return "ip6tnl"
+	}
+	return "ipip"
+}
+
 // link builds the netlink object of t (created up).
 func (t tunnel) link() netlink.Link {
 	attrs := netlink.NewLinkAttrs()
@@ -229,18 +237,18 @@ func isOurName(name string, prefixes ...string) bool {
 // tunnels is what listTunnels found.
 type tunnels struct {
 	ours    map[string]tunnel
-	foreign map[string]bool // our names on links that are not ours
-	index   map[int]string  // link index -> name, of ours
+	foreign map[string]string // our names on links that are not ours -> their kind
+	index   map[int]string    // link index -> name, of ours
 }
 
 // listTunnels returns our tunnels among the links whose names carry one of
-// prefixes, and the names of foreign links among them.
+// prefixes, and the names (with kinds) of foreign links among them.
 func listTunnels(h *netlink.Handle, prefixes ...string) (tunnels, error) {
 	links, err := redump(h.LinkList)
 	if err != nil {
 		return tunnels{}, fmt.Errorf("list links: %w", err)
 	}
-	ts := tunnels{ours: map[string]tunnel{}, foreign: map[string]bool{}, index: map[int]string{}}
+	ts := tunnels{ours: map[string]tunnel{}, foreign: map[string]string{}, index: map[int]string{}}
 	for _, l := range links {
 		name := l.Attrs().Name
 		if !isOurName(name, prefixes...) {
@@ -250,7 +258,7 @@ func listTunnels(h *netlink.Handle, prefixes ...string) (tunnels, error) {
 			ts.ours[name] = t
 			ts.index[l.Attrs().Index] = name
 		} else {
-			ts.foreign[name] = true
+			ts.foreign[name] = l.Type()
 		}
 	}
 	return ts, nil

@@ -279,7 +279,7 @@ func (r *Router) SyncPeers(peers []netip.Addr) error {
 	cur, foreign := found.ours, found.foreign
 	r.peers = map[netip.Addr]bool{}
 	for name, t := range want {
-		if err := r.ensurePeer(t, cur, foreign[name]); err != nil {
+		if err := r.ensurePeer(t, cur, foreign[name] != ""); err != nil {
 			errs = append(errs, fmt.Errorf("peer %s: %w", t.remote, err))
 			continue
 		}
