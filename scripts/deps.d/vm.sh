@@ -12,6 +12,7 @@ else
     dnsmasq-base      # DHCP benchmark contender: the binary only, no system service
     qemu-system-x86   # the real VM, under TCG
     busybox-static    # the VM's initramfs userland
+    xz-utils          # test/guest unpacks the kernel once (a compressed one boots seconds slower under TCG)
   )
 fi
 
