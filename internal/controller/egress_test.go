@@ -556,3 +556,107 @@ func TestEgressStrategyRemoved(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestEgressDeletedRemovesOwned deletes Egresses, as a client and with
+// kubectl, both with the default background propagation, against the
+// real garbage collector: each Egress's Deployment and Service go with it
+// (the collector follows their controller owner references), and with
+// the namespace's last Egress its ServiceAccount and its subject in the
+// ClusterRoleBinding go too.
+func TestEgressDeletedRemovesOwned(t *testing.T) {
+	env := kube.Start(t, kube.Options{APIServerArgs: []string{"--allow-privileged=true"}})
+	// Started before the namespace and the controller, once the CRDs are
+	// served: the collector then watches Egresses from the start.
+	env.StartGarbageCollector(t)
+	c, err := kube.NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egressNS}}); err != nil {
+		t.Fatal(err)
+	}
+	startAll(t, env, Options{})
+
+	first, second := newEgress("first", "192.0.2.0/24"), newEgress("second", "0.0.0.0/0")
+	for _, eg := range []*skeinv1.Egress{first, second} {
+		if err := c.Create(ctx, eg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// made reports what of eg's Deployment and Service is missing or not
+	// owned by it.
+	made := func(eg *skeinv1.Egress) func() string {
+		return func() string {
+			dep, msg := getDeployment(t, c, eg.Name)
+			if msg != "" {
+				return msg
+			}
+			if msg := ownedBy(dep, eg); msg != "" {
+				return msg
+			}
+			svc := &corev1.Service{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: eg.Name}, svc); err != nil {
+				return err.Error()
+			}
+			return ownedBy(svc, eg)
+		}
+	}
+	// gone reports which of eg's Deployment and Service still exist.
+	gone := func(eg *skeinv1.Egress) func() string {
+		return func() string {
+			for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}} {
+				err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: eg.Name}, o)
+				if !apierrors.IsNotFound(err) {
+					return fmt.Sprintf("%T %s still there (get: %v)", o, eg.Name, err)
+				}
+			}
+			return ""
+		}
+	}
+	// access reports how the namespace's account and the binding differ
+	// from the owners (Egress names) and the namespaces wanted.
+	access := func(owners, namespaces []string) func() string {
+		return func() string {
+			sa, err := getSA(c, egressNS)
+			switch {
+			case owners == nil && !apierrors.IsNotFound(err):
+				return fmt.Sprintf("ServiceAccount %s still there (get: %v)", EgressServiceAccount, err)
+			case owners != nil && err != nil:
+				return err.Error()
+			case owners != nil && !slices.Equal(ownerNames(sa), owners):
+				return fmt.Sprintf("ServiceAccount owners %q, want %q", ownerNames(sa), owners)
+			}
+			ns, msg := bindingNamespaces(c)
+			if msg != "" {
+				return msg
+			}
+			if !slices.Equal(ns, namespaces) {
+				return fmt.Sprintf("binding's namespaces %q, want %q", ns, namespaces)
+			}
+			return ""
+		}
+	}
+	eventually(t, "first made", made(first))
+	eventually(t, "second made", made(second))
+	eventually(t, "account of both", access([]string{"first", "second"}, []string{egressNS}))
+
+	// As a client, background propagation stated as kubectl does.
+	if err := c.Delete(ctx, first, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatalf("delete Egress first: %v", err)
+	}
+	eventually(t, "first's Deployment and Service collected", gone(first))
+	eventually(t, "account of second only", access([]string{"second"}, []string{egressNS}))
+	if msg := made(second)(); msg != "" {
+		t.Errorf("second's objects after first was deleted: %s", msg)
+	}
+
+	// With kubectl, the namespace's last Egress.
+	if out, err := env.Kubectl("delete", "egress", "-n", egressNS, second.Name); err != nil {
+		t.Fatal(err)
+	} else if !strings.Contains(string(out), "deleted") {
+		t.Errorf("kubectl delete egress said %q", out)
+	}
+	eventually(t, "second's Deployment and Service collected", gone(second))
+	eventually(t, "no account, no subject", access(nil, nil))
+}

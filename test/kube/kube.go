@@ -7,8 +7,9 @@
 // The API server authenticates with bearer tokens from a token file (an
 // admin in system:masters, plus the users a test asks for) and authorizes
 // with RBAC, so tests can check each component's least-privilege role.
-// There is no kube-controller-manager: nothing garbage-collects by owner
-// reference, and no service account tokens are minted.
+// Start runs no kube-controller-manager: nothing garbage-collects by owner
+// reference unless a test calls Env.StartGarbageCollector, and no service
+// account tokens are minted.
 package kube
 
 import (
@@ -52,7 +53,8 @@ func AssetsDir() string {
 	return filepath.Join(home, ".cache", "skein", "k8s-"+KubernetesVersion+"-etcd-"+EtcdVersion)
 }
 
-// binaries are the files Start needs from AssetsDir.
+// binaries are the files Start needs from AssetsDir
+// (ControllerManagerBinary is checked by StartGarbageCollector).
 var binaries = []string{"etcd", "kube-apiserver", "kubectl"}
 
 // Options configures Start. The zero value is usable.
@@ -87,10 +89,11 @@ type Env struct {
 	// EtcdURL is etcd's client URL (plain HTTP on 127.0.0.1).
 	EtcdURL string
 
-	tokens    map[string]string
-	etcd      *proc
-	apiserver *proc
-	stopOnce  sync.Once
+	tokens            map[string]string
+	etcd              *proc
+	apiserver         *proc
+	controllerManager *proc // StartGarbageCollector's, or nil
+	stopOnce          sync.Once
 }
 
 // Start runs etcd and kube-apiserver, waits until the API server is ready
@@ -139,10 +142,13 @@ func Start(t testing.TB, opts Options) *Env {
 	return e
 }
 
-// Stop stops kube-apiserver, then etcd, and removes Dir. It is safe to
-// call more than once.
+// Stop stops kube-controller-manager (if started), kube-apiserver, then
+// etcd, and removes Dir. It is safe to call more than once.
 func (e *Env) Stop() {
 	e.stopOnce.Do(func() {
+		if e.controllerManager != nil {
+			e.controllerManager.stop(10 * time.Second)
+		}
 		if e.apiserver != nil {
 			e.apiserver.stop(10 * time.Second)
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -243,4 +244,44 @@ func TestStop(t *testing.T) {
 		t.Errorf("%s still exists after Stop (%v)", env.Dir, err)
 	}
 	env.Stop() // twice is fine
+}
+
+// TestGarbageCollector checks StartGarbageCollector's collector deletes a
+// dependent once its owner is gone, and Stop ends it with the rest.
+func TestGarbageCollector(t *testing.T) {
+	env := Start(t, Options{})
+	env.StartGarbageCollector(t)
+	ctx := context.Background()
+	c, err := NewClient(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "default"}}
+	if err := c.Create(ctx, owner); err != nil {
+		t.Fatalf("create owner: %v", err)
+	}
+	dep := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "dependent", Namespace: "default",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID}}}}
+	if err := c.Create(ctx, dep); err != nil {
+		t.Fatalf("create dependent: %v", err)
+	}
+	if err := c.Delete(ctx, owner); err != nil {
+		t.Fatalf("delete owner: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.Get(ctx, client.ObjectKeyFromObject(dep), &corev1.ConfigMap{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dependent still there 30s after its owner was deleted (get: %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p := env.controllerManager
+	env.Stop()
+	if !p.exited() {
+		t.Errorf("%s still runs after Stop", p.name)
+	}
 }
