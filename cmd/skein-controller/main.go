@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -30,6 +29,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/controller"
+	"github.com/skeinnet/skein/internal/logflags"
 	"github.com/skeinnet/skein/internal/webhook"
 )
 
@@ -249,16 +249,9 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 func newLogger(level, format string) (logr.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return logr.Logger{}, fmt.Errorf("--log-level: %w", err)
+	h, err := logflags.Handler(level, format, os.Stderr)
+	if err != nil {
+		return logr.Logger{}, err
 	}
-	o := &slog.HandlerOptions{Level: l}
-	switch format {
-	case "text":
-		return logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, o)), nil
-	case "json":
-		return logr.FromSlogHandler(slog.NewJSONHandler(os.Stderr, o)), nil
-	}
-	return logr.Logger{}, fmt.Errorf("--log-format %q: want text or json", format)
+	return logr.FromSlogHandler(h), nil
 }

@@ -25,6 +25,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/egress/router"
+	"github.com/skeinnet/skein/internal/logflags"
 )
 
 // buildVersion is set by the Makefile's -ldflags.
@@ -198,16 +199,5 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	o := &slog.HandlerOptions{Level: l}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	return logflags.New(level, format, os.Stderr)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/skeinnet/skein/internal/docker"
 	"github.com/skeinnet/skein/internal/kubestore"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
+	"github.com/skeinnet/skein/internal/logflags"
 	"github.com/skeinnet/skein/internal/podegress"
 )
 
@@ -291,16 +292,5 @@ func serveDocker(d *daemon.Daemon, socket string, mtu int) error {
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	o := &slog.HandlerOptions{Level: l}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	return logflags.New(level, format, os.Stderr)
 }
