@@ -62,4 +62,13 @@ type Gateway struct {
 // value removes everything ApplyClient made.
 type ClientConfig struct {
 	Gateways []Gateway
+	// InCluster are networks that never go through a gateway, such as the
+	// cluster's pod pools when they are not private ranges: each gets
+	// "to P lookup main" at PrioInCluster in a family that has a tunnel.
+	// At most MaxInCluster; they only matter with a gateway, so without
+	// one nothing is made for them.
+	InCluster []netip.Prefix
 }
+
+// MaxInCluster bounds ClientConfig.InCluster (one policy rule each).
+const MaxInCluster = 256

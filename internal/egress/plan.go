@@ -160,17 +160,24 @@ func clientRules(v6 bool) []rule {
 // of one family: each tunnel's ServiceIP as a host prefix, so that the
 // tunnel's own packets are routed by main whatever the Service range.
 // Sorted by destination, without duplicates.
-func inClusterRules(v6 bool, ts []tunnel) []rule {
+// The in-cluster networks (validated, masked) of the family join them.
+func inClusterRules(v6 bool, ts []tunnel, nets []netip.Prefix) []rule {
 	seen := map[netip.Prefix]bool{}
 	var dsts []netip.Prefix
-	for _, t := range ts {
-		if t.flow || t.v6 != v6 {
-			continue
-		}
-		d := netip.PrefixFrom(t.remote, t.remote.BitLen())
+	add := func(d netip.Prefix) {
 		if !seen[d] {
 			seen[d] = true
 			dsts = append(dsts, d)
+		}
+	}
+	for _, t := range ts {
+		if !t.flow && t.v6 == v6 {
+			add(netip.PrefixFrom(t.remote, t.remote.BitLen()))
+		}
+	}
+	for _, n := range nets {
+		if n.Addr().Is6() == v6 {
+			add(n)
 		}
 	}
 	sort.Slice(dsts, func(i, j int) bool { return lessPrefix(dsts[i], dsts[j]) })
@@ -216,6 +223,16 @@ func lessPrefix(a, b netip.Prefix) bool {
 // whose family the gateway has no ServiceIP for. A tunnel is made for a
 // gateway and family only when at least one destination uses it.
 func planClient(cfg ClientConfig) (clientPlan, error) {
+	if len(cfg.InCluster) > MaxInCluster {
+		return clientPlan{}, fmt.Errorf("%d in-cluster networks, at most %d: %w", len(cfg.InCluster), MaxInCluster, ErrInvalid)
+	}
+	nets := make([]netip.Prefix, 0, len(cfg.InCluster))
+	for _, n := range cfg.InCluster {
+		if !n.IsValid() || n.Addr().Is4In6() || n.Addr().Zone() != "" || n.Bits() == 0 {
+			return clientPlan{}, fmt.Errorf("in-cluster network %q is not a valid prefix longer than /0: %w", n, ErrInvalid)
+		}
+		nets = append(nets, n.Masked())
+	}
 	gws := append([]Gateway(nil), cfg.Gateways...)
 	sort.Slice(gws, func(i, j int) bool {
 		return gws[i].Namespace+"/"+gws[i].Name < gws[j].Namespace+"/"+gws[j].Name
@@ -313,7 +330,7 @@ func planClient(cfg ClientConfig) (clientPlan, error) {
 	for f := 0; f < 2; f++ {
 		if has[f] {
 			p.rules = append(p.rules, clientRules(f == 1)...)
-			p.rules = append(p.rules, inClusterRules(f == 1, p.tunnels)...)
+			p.rules = append(p.rules, inClusterRules(f == 1, p.tunnels, nets)...)
 		}
 	}
 	sortRules(p.rules)

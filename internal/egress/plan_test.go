@@ -188,3 +188,47 @@ func TestPlanClientServiceIPRules(t *testing.T) {
 		t.Errorf("zero config has rules %+v", e.rules)
 	}
 }
+
+// TestPlanClientInCluster: in-cluster networks go to main at
+// PrioInCluster in the families that have a tunnel, masked, deduplicated
+// (with each other and with the ServiceIPs) and sorted; none without a
+// gateway; bad ones and too many are ErrInvalid.
+func TestPlanClientInCluster(t *testing.T) {
+	gw := Gateway{Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("100.96.0.50")}, Destinations: []netip.Prefix{pfx("0.0.0.0/0")}}
+	p, err := planClient(ClientConfig{Gateways: []Gateway{gw}, InCluster: []netip.Prefix{
+		pfx("100.64.0.0/16"), pfx("2001:db8:64::/64"), pfx("100.64.7.1/16"), pfx("100.96.0.50/32"), pfx("100.32.0.0/12"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []netip.Prefix
+	for _, r := range p.rules {
+		if r.prio == PrioInCluster {
+			got = append(got, r.dst)
+			if r.v6 || r.table != tableMain {
+				t.Errorf("in-cluster rule %+v", r)
+			}
+		}
+	}
+	// 2001:db8:64::/64 is left out: the pod has no IPv6 tunnel.
+	if want := []netip.Prefix{pfx("100.32.0.0/12"), pfx("100.64.0.0/16"), pfx("100.96.0.50/32")}; !reflect.DeepEqual(got, want) {
+		t.Errorf("in-cluster rules to %v, want %v", got, want)
+	}
+	if p, err := planClient(ClientConfig{InCluster: []netip.Prefix{pfx("100.64.0.0/16")}}); err != nil || len(p.rules) != 0 || !p.empty() {
+		t.Errorf("without a gateway: %+v, %v", p, err)
+	}
+	many := make([]netip.Prefix, MaxInCluster+1)
+	for i := range many {
+		many[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 64, byte(i >> 8), byte(i)}), 32)
+	}
+	if _, err := planClient(ClientConfig{Gateways: []Gateway{gw}, InCluster: many[:MaxInCluster]}); err != nil {
+		t.Errorf("%d in-cluster networks: %v", MaxInCluster, err)
+	}
+	for name, n := range map[string][]netip.Prefix{
+		"too many": many, "zero": {{}}, "default route": {pfx("0.0.0.0/0")}, "mapped": {pfx("::ffff:100.64.0.0/112")},
+	} {
+		if _, err := planClient(ClientConfig{Gateways: []Gateway{gw}, InCluster: n}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
+		}
+	}
+}
