@@ -121,11 +121,15 @@ func applyClient(h *netlink.Handle, rs *routeSocket, plan clientPlan, j *journal
 			return err
 		}
 	}
-	allRules := append(clientRules(false), clientRules(true)...)
-	haveRules, err := findRules(h, allRules)
+	haveRules, err := findRulesOr(h, append(clientRules(false), clientRules(true)...), isInClusterRule)
 	if err != nil {
 		return err
 	}
+	allRules := make([]rule, 0, len(haveRules))
+	for r := range haveRules {
+		allRules = append(allRules, r)
+	}
+	sortRules(allRules)
 
 	// 1. FoU receive ports.
 	for _, f := range plan.fou {
@@ -532,15 +536,17 @@ func ClientState(netnsPath string) (ClientStatus, error) {
 		}
 		return a.Dst.String() < b.Dst.String()
 	})
-	all := append(clientRules(false), clientRules(true)...)
-	have, err := findRules(h, all)
+	have, err := findRulesOr(h, append(clientRules(false), clientRules(true)...), isInClusterRule)
 	if err != nil {
 		return s, fmt.Errorf("egress client state: %w", err)
 	}
-	for _, r := range all { // already in order: IPv4 then IPv6, by priority
-		if have[r] {
-			s.Rules = append(s.Rules, RuleStatus{Priority: r.prio, IPv6: r.v6, Dst: r.dst, Table: r.table})
-		}
+	all := make([]rule, 0, len(have))
+	for r := range have {
+		all = append(all, r)
+	}
+	sortRules(all)
+	for _, r := range all {
+		s.Rules = append(s.Rules, RuleStatus{Priority: r.prio, IPv6: r.v6, Dst: r.dst, Table: r.table})
 	}
 	if requireFoU() == nil {
 		fs, err := listFoU(h)

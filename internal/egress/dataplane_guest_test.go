@@ -6,6 +6,7 @@ import (
 	"os"
 	"reflect"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -214,8 +215,16 @@ func checkState(t *testing.T, st ClientStatus, auto bool) {
 	if !reflect.DeepEqual(st.Routes, wantRoutes) {
 		t.Errorf("routes = %+v, want %+v", st.Routes, wantRoutes)
 	}
-	if len(st.Rules) != len(clientRules(false))+len(clientRules(true)) {
-		t.Errorf("rules = %+v, want the seed's for both families", st.Rules)
+	if len(st.Rules) != len(clientRules(false))+len(clientRules(true))+2 {
+		t.Errorf("rules = %+v, want the seed's for both families and one per ServiceIP", st.Rules)
+	}
+	for _, r := range []RuleStatus{
+		{Priority: PrioInCluster, Dst: netip.PrefixFrom(svc4, 32), Table: tableMain},
+		{Priority: PrioInCluster, IPv6: true, Dst: netip.PrefixFrom(svc6, 128), Table: tableMain},
+	} {
+		if !slices.Contains(st.Rules, r) {
+			t.Errorf("rules = %+v, want %+v among them", st.Rules, r)
+		}
 	}
 	if w := []FoUPortStatus{{Port: DefaultPort}, {IPv6: true, Port: DefaultPort}}; !reflect.DeepEqual(st.FoUPorts, w) {
 		t.Errorf("fou ports = %+v, want %+v", st.FoUPorts, w)
@@ -293,7 +302,7 @@ func TestGuestApplyClientRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Tunnels) != 2 || st.Tunnels[0].IPv6 || st.Tunnels[1].IPv6 || len(st.Routes) != 1 || len(st.Rules) != len(clientRules(false)) || len(st.FoUPorts) != 1 {
+	if len(st.Tunnels) != 2 || st.Tunnels[0].IPv6 || st.Tunnels[1].IPv6 || len(st.Routes) != 1 || len(st.Rules) != len(clientRules(false))+1 || len(st.FoUPorts) != 1 {
 		t.Errorf("IPv4-only pod: %+v, want the IPv4 tunnel (and flow-based device), route, rules and port only", st)
 	}
 	if err := ApplyClient(noV6.Path(), ClientConfig{}); err != nil {

@@ -8,8 +8,14 @@ package egress
 // remote the Service's ClusterIP, local the pod's address; per family with
 // a tunnel, the flow-based "egr4-flow"/"egr6-flow" for what comes from a
 // router pod's own address (see Session persistence); the
-// seed's policy rules (PrioLinkLocal .. PrioWide); routes in TableNarrow
-// and TableWide. In a router pod (Router): the FoU ports, one tunnel
+// seed's policy rules (PrioLinkLocal .. PrioWide), and at PrioInCluster
+// "to <ServiceIP>/32 (/128) lookup main" per tunnel, so that the tunnel's
+// own FoU packets stay on main when the Service range is not one of the
+// private ones the seed keeps there (a default route through the tunnel
+// in table 118 would otherwise catch them, and the kernel drops the
+// loop), and the same for each of ClientConfig.InCluster (the cluster's
+// pod pools, which must not go through a gateway even when they are not
+// private); routes in TableNarrow and TableWide. In a router pod (Router): the FoU ports, one tunnel
 // "egc4-"/"egc6-" + hash of the client address per client, its /32
 // (/128) route in RouterTable with the rule "iif <OutInterface> lookup
 // RouterTable" at RouterRulePrio, and the nftables table NFTable (a

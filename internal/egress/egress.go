@@ -28,8 +28,17 @@ const (
 	PrioLinkLocal = 1800 // to link-local: main
 	PrioNarrow    = 1900 // lookup 117
 	PrioPrivate   = 2000 // to each private range: main (2000, 2001, ...)
+	PrioInCluster = 2010 // to each ServiceIP (/32, /128) of a tunnel: main
 	PrioWide      = 2100 // lookup 118
 )
+
+// Every rule at a priority from PrioInCluster up to (not including)
+// PrioWide that sends a destination to the main table is this package's:
+// ApplyClient removes the ones it no longer wants. The ServiceIP rules
+// keep a tunnel's own encapsulated packets out of table 118 when the
+// Service range is not private (100.64.0.0/10, global IPv6): without
+// them the default route through the tunnel would catch them and loop.
+const prioInClusterEnd = PrioWide
 
 // Gateway is one Egress a client pod sends through.
 type Gateway struct {
@@ -53,4 +62,13 @@ type Gateway struct {
 // value removes everything ApplyClient made.
 type ClientConfig struct {
 	Gateways []Gateway
+	// InCluster are networks that never go through a gateway, such as the
+	// cluster's pod pools when they are not private ranges: each gets
+	// "to P lookup main" at PrioInCluster in a family that has a tunnel.
+	// At most MaxInCluster; they only matter with a gateway, so without
+	// one nothing is made for them.
+	InCluster []netip.Prefix
 }
+
+// MaxInCluster bounds ClientConfig.InCluster (one policy rule each).
+const MaxInCluster = 256

@@ -416,6 +416,12 @@ func redump[T any](fn func() (T, error)) (T, error) {
 // findRules returns which of want exist in the namespace (exactly: same
 // priority, family, table, destination and input interface, nothing else).
 func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
+	return findRulesOr(h, want, nil)
+}
+
+// findRulesOr is findRules that also reports every rule for which also
+// holds (nil: none), wanted or not.
+func findRulesOr(h *netlink.Handle, want []rule, also func(rule) bool) (map[rule]bool, error) {
 	have := map[rule]bool{}
 	rs, err := redump(func() ([]netlink.Rule, error) { return h.RuleList(netlink.FAMILY_ALL) })
 	if err != nil {
@@ -431,6 +437,10 @@ func findRules(h *netlink.Handle, want []rule) (map[rule]bool, error) {
 			dst = prefixOf(x.Dst, v6)
 		}
 		r := rule{prio: x.Priority, v6: v6, dst: dst, iif: x.IifName, table: x.Table}
+		if also != nil && also(r) {
+			have[r] = true
+			continue
+		}
 		for _, w := range want {
 			if w == r {
 				have[r] = true

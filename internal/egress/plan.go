@@ -156,12 +156,83 @@ func clientRules(v6 bool) []rule {
 	return append(rs, rule{prio: PrioWide, v6: v6, table: TableWide})
 }
 
+// inClusterRules are the "to <dst> lookup main" rules at PrioInCluster
+// of one family: each tunnel's ServiceIP as a host prefix, so that the
+// tunnel's own packets are routed by main whatever the Service range.
+// Sorted by destination, without duplicates.
+// The in-cluster networks (validated, masked) of the family join them.
+func inClusterRules(v6 bool, ts []tunnel, nets []netip.Prefix) []rule {
+	seen := map[netip.Prefix]bool{}
+	var dsts []netip.Prefix
+	add := func(d netip.Prefix) {
+		if !seen[d] {
+			seen[d] = true
+			dsts = append(dsts, d)
+		}
+	}
+	for _, t := range ts {
+		if !t.flow && t.v6 == v6 {
+			add(netip.PrefixFrom(t.remote, t.remote.BitLen()))
+		}
+	}
+	for _, n := range nets {
+		if n.Addr().Is6() == v6 {
+			add(n)
+		}
+	}
+	sort.Slice(dsts, func(i, j int) bool { return lessPrefix(dsts[i], dsts[j]) })
+	rs := make([]rule, 0, len(dsts))
+	for _, d := range dsts {
+		rs = append(rs, rule{prio: PrioInCluster, v6: v6, dst: d, table: tableMain})
+	}
+	return rs
+}
+
+// isInClusterRule: r is one of ours by its shape (a destination to main
+// at a priority of the in-cluster range), whatever the destination.
+func isInClusterRule(r rule) bool {
+	return r.prio >= PrioInCluster && r.prio < prioInClusterEnd && r.table == tableMain &&
+		r.dst.IsValid() && r.iif == ""
+}
+
+// sortRules orders rules IPv4 first, then by priority, then by
+// destination.
+func sortRules(rs []rule) {
+	sort.Slice(rs, func(i, j int) bool {
+		a, b := rs[i], rs[j]
+		if a.v6 != b.v6 {
+			return !a.v6
+		}
+		if a.prio != b.prio {
+			return a.prio < b.prio
+		}
+		return lessPrefix(a.dst, b.dst)
+	})
+}
+
+func lessPrefix(a, b netip.Prefix) bool {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c < 0
+	}
+	return a.Bits() < b.Bits()
+}
+
 // planClient validates cfg and computes what the pod namespace should
 // hold. Gateways are taken in order of "<namespace>/<name>"; a
 // destination already routed by an earlier gateway is skipped, as is one
 // whose family the gateway has no ServiceIP for. A tunnel is made for a
 // gateway and family only when at least one destination uses it.
 func planClient(cfg ClientConfig) (clientPlan, error) {
+	if len(cfg.InCluster) > MaxInCluster {
+		return clientPlan{}, fmt.Errorf("%d in-cluster networks, at most %d: %w", len(cfg.InCluster), MaxInCluster, ErrInvalid)
+	}
+	nets := make([]netip.Prefix, 0, len(cfg.InCluster))
+	for _, n := range cfg.InCluster {
+		if !n.IsValid() || n.Addr().Is4In6() || n.Addr().Zone() != "" || n.Bits() == 0 {
+			return clientPlan{}, fmt.Errorf("in-cluster network %q is not a valid prefix longer than /0: %w", n, ErrInvalid)
+		}
+		nets = append(nets, n.Masked())
+	}
 	gws := append([]Gateway(nil), cfg.Gateways...)
 	sort.Slice(gws, func(i, j int) bool {
 		return gws[i].Namespace+"/"+gws[i].Name < gws[j].Namespace+"/"+gws[j].Name
@@ -259,8 +330,10 @@ func planClient(cfg ClientConfig) (clientPlan, error) {
 	for f := 0; f < 2; f++ {
 		if has[f] {
 			p.rules = append(p.rules, clientRules(f == 1)...)
+			p.rules = append(p.rules, inClusterRules(f == 1, p.tunnels, nets)...)
 		}
 	}
+	sortRules(p.rules)
 	for k := range fous {
 		p.fou = append(p.fou, k)
 	}

@@ -44,8 +44,22 @@ func TestPlanClientRoutesAndTunnels(t *testing.T) {
 	if want := []fouPort{{port: DefaultPort}, {v6: true, port: DefaultPort}}; !reflect.DeepEqual(p.fou, want) {
 		t.Errorf("fou = %+v, want %+v", p.fou, want)
 	}
-	if want := append(clientRules(false), clientRules(true)...); !reflect.DeepEqual(p.rules, want) {
-		t.Errorf("rules = %+v, want both families' %+v", p.rules, want)
+	// The seed's rules of both families, and each tunnel's ServiceIP to
+	// main at PrioInCluster (before PrioWide, the last of the seed's).
+	var want []rule
+	for _, v6 := range []bool{false, true} {
+		rs := clientRules(v6)
+		want = append(want, rs[:len(rs)-1]...)
+		if v6 {
+			want = append(want, rule{prio: PrioInCluster, v6: true, dst: pfx("fd00:96::1/128"), table: tableMain})
+		} else {
+			want = append(want, rule{prio: PrioInCluster, dst: pfx("10.96.0.1/32"), table: tableMain},
+				rule{prio: PrioInCluster, dst: pfx("10.96.0.2/32"), table: tableMain})
+		}
+		want = append(want, rs[len(rs)-1])
+	}
+	if !reflect.DeepEqual(p.rules, want) {
+		t.Errorf("rules = %+v\nwant %+v", p.rules, want)
 	}
 	for _, n := range names {
 		if len(n) > 15 {
@@ -113,7 +127,7 @@ func TestPlanWithoutFamily(t *testing.T) {
 			t.Errorf("IPv6 tunnel %s left", tn.name)
 		}
 	}
-	if len(q.tunnels) != 2 || len(q.routes) != 1 || len(q.fou) != 1 || !reflect.DeepEqual(q.rules, clientRules(false)) {
+	if len(q.tunnels) != 2 || len(q.routes) != 1 || len(q.fou) != 1 || len(q.rules) != len(clientRules(false))+1 {
 		t.Errorf("without IPv6: %+v", q)
 	}
 	if e := p.withoutFamily(false).withoutFamily(true); !e.empty() || len(e.rules)+len(e.routes)+len(e.fou) != 0 {
@@ -136,5 +150,85 @@ func TestPlanClientFlowDeviceWithFixedPort(t *testing.T) {
 	}
 	if want := []string{clientTunnelName(false, "n", "x"), flowDevice4}; !reflect.DeepEqual(names, want) {
 		t.Errorf("tunnels = %v, want %v (no IPv6 destination: no IPv6 device)", names, want)
+	}
+}
+
+// TestPlanClientServiceIPRules: each tunnel's ServiceIP goes to main at
+// PrioInCluster, once per address (two gateways behind one ClusterIP
+// share the rule), in the in-cluster range and after the private ones.
+func TestPlanClientServiceIPRules(t *testing.T) {
+	if !(PrioInCluster > PrioPrivate+len(private4) && PrioInCluster < PrioWide) {
+		t.Fatalf("PrioInCluster %d not between the private rules and PrioWide %d", PrioInCluster, PrioWide)
+	}
+	p, err := planClient(ClientConfig{Gateways: []Gateway{
+		{Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("100.96.0.50"), ip("2001:db8:96::50")},
+			Destinations: []netip.Prefix{pfx("0.0.0.0/0"), pfx("::/0")}},
+		{Namespace: "n", Name: "y", ServiceIPs: []netip.Addr{ip("100.96.0.50")}, Destinations: []netip.Prefix{pfx("198.51.100.0/24")}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []rule
+	for _, r := range p.rules {
+		if r.prio == PrioInCluster {
+			got = append(got, r)
+		}
+		if isInClusterRule(r) != (r.prio == PrioInCluster) {
+			t.Errorf("isInClusterRule(%+v) = %v", r, isInClusterRule(r))
+		}
+	}
+	want := []rule{
+		{prio: PrioInCluster, dst: pfx("100.96.0.50/32"), table: tableMain},
+		{prio: PrioInCluster, v6: true, dst: pfx("2001:db8:96::50/128"), table: tableMain},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("in-cluster rules = %+v, want %+v", got, want)
+	}
+	if e, _ := planClient(ClientConfig{}); len(e.rules) != 0 {
+		t.Errorf("zero config has rules %+v", e.rules)
+	}
+}
+
+// TestPlanClientInCluster: in-cluster networks go to main at
+// PrioInCluster in the families that have a tunnel, masked, deduplicated
+// (with each other and with the ServiceIPs) and sorted; none without a
+// gateway; bad ones and too many are ErrInvalid.
+func TestPlanClientInCluster(t *testing.T) {
+	gw := Gateway{Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("100.96.0.50")}, Destinations: []netip.Prefix{pfx("0.0.0.0/0")}}
+	p, err := planClient(ClientConfig{Gateways: []Gateway{gw}, InCluster: []netip.Prefix{
+		pfx("100.64.0.0/16"), pfx("2001:db8:64::/64"), pfx("100.64.7.1/16"), pfx("100.96.0.50/32"), pfx("100.32.0.0/12"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []netip.Prefix
+	for _, r := range p.rules {
+		if r.prio == PrioInCluster {
+			got = append(got, r.dst)
+			if r.v6 || r.table != tableMain {
+				t.Errorf("in-cluster rule %+v", r)
+			}
+		}
+	}
+	// 2001:db8:64::/64 is left out: the pod has no IPv6 tunnel.
+	if want := []netip.Prefix{pfx("100.32.0.0/12"), pfx("100.64.0.0/16"), pfx("100.96.0.50/32")}; !reflect.DeepEqual(got, want) {
+		t.Errorf("in-cluster rules to %v, want %v", got, want)
+	}
+	if p, err := planClient(ClientConfig{InCluster: []netip.Prefix{pfx("100.64.0.0/16")}}); err != nil || len(p.rules) != 0 || !p.empty() {
+		t.Errorf("without a gateway: %+v, %v", p, err)
+	}
+	many := make([]netip.Prefix, MaxInCluster+1)
+	for i := range many {
+		many[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 64, byte(i >> 8), byte(i)}), 32)
+	}
+	if _, err := planClient(ClientConfig{Gateways: []Gateway{gw}, InCluster: many[:MaxInCluster]}); err != nil {
+		t.Errorf("%d in-cluster networks: %v", MaxInCluster, err)
+	}
+	for name, n := range map[string][]netip.Prefix{
+		"too many": many, "zero": {{}}, "default route": {pfx("0.0.0.0/0")}, "mapped": {pfx("::ffff:100.64.0.0/112")},
+	} {
+		if _, err := planClient(ClientConfig{Gateways: []Gateway{gw}, InCluster: n}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
+		}
 	}
 }

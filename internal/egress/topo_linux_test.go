@@ -51,6 +51,7 @@ type topo struct {
 	routers           []*harness.NS
 	r                 []*Router
 	endpoints         []int        // router indexes the Service's DNAT picks from
+	svc4, svc6        netip.Addr   // the ClusterIPs DNAT'd; svc4, svc6 when zero
 	gone              map[int]bool // routers removed (closed)
 }
 
@@ -267,6 +268,9 @@ func (tp *topo) setEndpoints(t testing.TB, idx ...int) {
 		fam, svc, off, nfproto := "4", svc4, uint32(16), byte(unix.NFPROTO_IPV4)
 		if v6 {
 			fam, svc, off, nfproto = "6", svc6, 24, unix.NFPROTO_IPV6
+		}
+		if s := [2]netip.Addr{tp.svc4, tp.svc6}[boolFam(v6)]; s.IsValid() {
+			svc = s
 		}
 		svcChain := c.AddChain(&nftables.Chain{Name: "svc" + fam, Table: tbl})
 		c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: []expr.Any{

@@ -91,7 +91,7 @@ func GatewayOf(eg *skeinv1.Egress, svc *corev1.Service) (egress.Gateway, error) 
 
 // sameConfig reports whether two configurations are equal.
 func sameConfig(a, b egress.ClientConfig) bool {
-	return slices.EqualFunc(a.Gateways, b.Gateways, func(x, y egress.Gateway) bool {
+	return slices.Equal(a.InCluster, b.InCluster) && slices.EqualFunc(a.Gateways, b.Gateways, func(x, y egress.Gateway) bool {
 		return x.Namespace == y.Namespace && x.Name == y.Name && x.Port == y.Port && x.SourcePortAuto == y.SourcePortAuto &&
 			slices.Equal(x.ServiceIPs, y.ServiceIPs) && slices.Equal(x.Destinations, y.Destinations)
 	})

@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/api/rpc"
@@ -324,6 +325,16 @@ func gateway(name string, ips []netip.Addr, auto bool, dsts ...string) egress.Ga
 	return g
 }
 
+// poolNets are the subnets of the cluster's AddressPools, which every
+// pod with a gateway gets as InCluster (DefaultPool's, as startNode
+// makes it).
+var poolNets = []netip.Prefix{netip.MustParsePrefix("10.130.0.0/24"), netip.MustParsePrefix("fd00:130::/120")}
+
+// withPools is the configuration of gateways gws in this cluster.
+func withPools(gws ...egress.Gateway) egress.ClientConfig {
+	return egress.ClientConfig{Gateways: gws, InCluster: poolNets}
+}
+
 // waitApplied waits until the last Apply in netnsPath was want.
 func (n *node) waitApplied(t *testing.T, netnsPath string, want egress.ClientConfig) {
 	t.Helper()
@@ -424,7 +435,7 @@ func TestKubernetesPods(t *testing.T) {
 	}
 	natGW := gateway("nat", natIPs, true, "0.0.0.0/0", "2001:db8::/32")
 	nat2GW := gateway("nat2", nat2IPs, false, "198.51.100.0/24")
-	if got := n.rec.of(web.Path()); len(got) != 1 || !reflect.DeepEqual(got[0], egress.ClientConfig{Gateways: []egress.Gateway{natGW}}) {
+	if got := n.rec.of(web.Path()); len(got) != 1 || !reflect.DeepEqual(got[0], withPools(natGW)) {
 		t.Fatalf("Apply calls of ADD: %+v; want one with %+v", got, natGW)
 	}
 	if m := n.pe.Collectors(); testutil.ToFloat64(m[1]) != 1 || testutil.CollectAndCount(m[0], "skein_egress_apply_seconds") != 1 {
@@ -435,7 +446,7 @@ func TestKubernetesPods(t *testing.T) {
 	t.Run("annotation change", func(t *testing.T) {
 		v := "nat2,nat"
 		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}})
+		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
 	})
 	t.Run("destinations edit", func(t *testing.T) {
 		eg := &skeinv1.Egress{}
@@ -447,7 +458,24 @@ func TestKubernetesPods(t *testing.T) {
 			t.Fatal(err)
 		}
 		nat2GW = gateway("nat2", nat2IPs, false, "198.51.100.0/24", "203.0.113.0/24")
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}})
+		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
+	})
+	t.Run("address pool added and removed", func(t *testing.T) {
+		// A pool in CGNAT space and a global IPv6 one: the pod's
+		// in-cluster networks follow, sorted, and go again with it.
+		pool := kubenode.DefaultPool.DeepCopy()
+		pool.Name = "cgnat"
+		pool.Spec.Subnets = []skeinv1.SubnetSet{{IPv4: ptr.To("100.64.0.0/16"), IPv6: ptr.To("2001:db8:64::/64")}}
+		if err := n.c.Create(context.Background(), pool); err != nil {
+			t.Fatal(err)
+		}
+		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}, InCluster: []netip.Prefix{
+			netip.MustParsePrefix("10.130.0.0/24"), netip.MustParsePrefix("100.64.0.0/16"),
+			netip.MustParsePrefix("2001:db8:64::/64"), netip.MustParsePrefix("fd00:130::/120")}})
+		if err := n.c.Delete(context.Background(), pool); err != nil {
+			t.Fatal(err)
+		}
+		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
 	})
 	t.Run("service re-created", func(t *testing.T) {
 		svc := &corev1.Service{}
@@ -463,7 +491,7 @@ func TestKubernetesPods(t *testing.T) {
 			t.Fatalf("the new Service got the old ClusterIPs %v again (a 1 in 65536 chance for the IPv6 one)", newIPs)
 		}
 		natGW = gateway("nat", newIPs, true, "0.0.0.0/0", "2001:db8::/32")
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}})
+		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
 	})
 	t.Run("egress deleted: its tunnel stays, fail closed", func(t *testing.T) {
 		eg := &skeinv1.Egress{ObjectMeta: metav1.ObjectMeta{Namespace: "gw", Name: "nat2"}}
@@ -474,7 +502,7 @@ func TestKubernetesPods(t *testing.T) {
 		// The event comes from the re-apply that saw nat2 missing: what
 		// it applied (if anything) must still hold nat2's last tunnel,
 		// not send its destinations out directly.
-		kept := egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}}
+		kept := withPools(natGW, nat2GW)
 		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 			calls := n.rec.of(web.Path())
 			if last := calls[len(calls)-1]; !reflect.DeepEqual(last, kept) {
@@ -491,14 +519,14 @@ func TestKubernetesPods(t *testing.T) {
 		})
 		ips := n.createEgress(t, "nat2", "", "198.51.100.0/24")
 		nat2GW = gateway("nat2", ips, false, "198.51.100.0/24")
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}})
+		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
 	})
 	t.Run("annotation removed", func(t *testing.T) {
 		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", nil)
 		n.waitApplied(t, web.Path(), egress.ClientConfig{})
 		v := "nat"
 		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+		n.waitApplied(t, web.Path(), withPools(natGW))
 	})
 	t.Run("failing re-apply: retried, one event", func(t *testing.T) {
 		n.rec.fail(errors.New("injected re-apply failure"), nil)
@@ -513,7 +541,7 @@ func TestKubernetesPods(t *testing.T) {
 			return ""
 		})
 		n.rec.fail(nil, nil)
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		n.waitApplied(t, web.Path(), withPools(nat2GW))
 		n.waitEvent(t, "web", podegress.ReasonEgressFailed, "injected re-apply failure")
 		time.Sleep(2 * time.Second) // the event sink is asynchronous
 		var l corev1.EventList
@@ -531,7 +559,7 @@ func TestKubernetesPods(t *testing.T) {
 		}
 		v = "nat"
 		n.annotate(t, "app", "web", skeinv1.AnnotationEgressPrefix+"gw", &v)
-		n.waitApplied(t, web.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+		n.waitApplied(t, web.Path(), withPools(natGW))
 	})
 	t.Run("DEL despite a failing data plane", func(t *testing.T) {
 		before := len(n.rec.of(web.Path()))
@@ -637,7 +665,7 @@ func TestKubernetesPods(t *testing.T) {
 			t.Fatal(err)
 		}
 		calls := n.rec.of(ser.Path())
-		want := []egress.ClientConfig{{Gateways: []egress.Gateway{natGW}}, {Gateways: []egress.Gateway{nat2GW}}, {}}
+		want := []egress.ClientConfig{withPools(natGW), withPools(nat2GW), {}}
 		if !reflect.DeepEqual(calls, want) {
 			t.Fatalf("Apply calls %+v, want ADD's, the re-apply's, then DEL's zero config: %+v", calls, want)
 		}
@@ -659,13 +687,13 @@ func TestKubernetesPods(t *testing.T) {
 		if err := n.del(t, net1); err != nil {
 			t.Fatal(err)
 		}
-		want := egress.ClientConfig{Gateways: []egress.Gateway{natGW}}
+		want := withPools(natGW)
 		if calls := n.rec.of(multi.Path()); !reflect.DeepEqual(calls, []egress.ClientConfig{want, want}) {
 			t.Fatalf("Apply calls of ADD eth0, ADD net1, DEL net1: %+v; want the gateway twice, no zero config", calls)
 		}
 		v := "nat2"
 		n.annotate(t, "app", "multi", skeinv1.AnnotationEgressPrefix+"gw", &v)
-		n.waitApplied(t, multi.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		n.waitApplied(t, multi.Path(), withPools(nat2GW))
 		if err := n.del(t, eth0); err != nil {
 			t.Fatal(err)
 		}
@@ -741,20 +769,20 @@ func TestKubernetesPods(t *testing.T) {
 			}
 			return ""
 		})
-		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{natGW}})
+		n.waitApplied(t, api.Path(), withPools(natGW))
 		// The unannotated pod's tunnels go.
 		n.waitApplied(t, old.Path(), egress.ClientConfig{})
 		// Every pod of the node was synced at the start, one after the
 		// other: time enough for the finished pod's, if it had one.
 		time.Sleep(time.Second)
 		for _, cfg := range n.rec.of(api.Path())[calls:] {
-			if !reflect.DeepEqual(cfg, egress.ClientConfig{Gateways: []egress.Gateway{natGW}}) {
+			if !reflect.DeepEqual(cfg, withPools(natGW)) {
 				t.Fatalf("after the restart, api's namespace got %+v (the finished pod's gateway?); want only its own %+v", cfg, natGW)
 			}
 		}
 		v := "nat2"
 		n.annotate(t, "app", "api", skeinv1.AnnotationEgressPrefix+"gw", &v)
-		n.waitApplied(t, api.Path(), egress.ClientConfig{Gateways: []egress.Gateway{nat2GW}})
+		n.waitApplied(t, api.Path(), withPools(nat2GW))
 
 		// Close while a re-apply runs and another pod's waits behind it:
 		// the running one ends, the waiting one is dropped.

@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -204,7 +206,7 @@ func New(ctx context.Context, o Options) (_ *Client, err error) {
 	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
 	defer cancel()
 	if !c.WaitForCacheSync(syncCtx) {
-		return nil, fmt.Errorf("egress: kubernetes caches of %s did not sync within %v (may this node list and watch Pods, Services and Egresses?)", o.Config.Host, o.SyncTimeout)
+		return nil, fmt.Errorf("egress: kubernetes caches of %s did not sync within %v (may this node list and watch Pods, Services, Egresses and AddressPools?)", o.Config.Host, o.SyncTimeout)
 	}
 	go cl.run(runCtx)
 	return cl, nil
@@ -346,7 +348,48 @@ func (c *Client) desired(ctx context.Context, pod *corev1.Pod) (cfg egress.Clien
 		}
 		cfg.Gateways = append(cfg.Gateways, gw)
 	}
+	if len(cfg.Gateways) > 0 {
+		cfg.InCluster = c.inCluster(ctx)
+	}
 	return cfg, problems
+}
+
+// inCluster is every AddressPool's subnets, sorted and without
+// duplicates: the cluster's pod networks, which never go through a
+// gateway even when they are not private ranges. More than
+// egress.MaxInCluster are cut there (with a log line): the rest would
+// only go through the gateway.
+func (c *Client) inCluster(ctx context.Context) []netip.Prefix {
+	var l skeinv1.AddressPoolList
+	if err := c.cache.List(ctx, &l); err != nil {
+		c.log.Warn("egress: list AddressPools", "err", err)
+		return nil
+	}
+	var out []netip.Prefix
+	for _, p := range l.Items {
+		for _, s := range p.Spec.Subnets {
+			for _, cidr := range []*string{s.IPv4, s.IPv6} {
+				if cidr == nil {
+					continue
+				}
+				if n, err := netip.ParsePrefix(*cidr); err == nil && n.Bits() > 0 {
+					out = append(out, n.Masked())
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if x := a.Addr().Compare(b.Addr()); x != 0 {
+			return x
+		}
+		return a.Bits() - b.Bits()
+	})
+	out = slices.Compact(out)
+	if len(out) > egress.MaxInCluster {
+		c.log.Warn("egress: more AddressPool subnets than in-cluster rules; the rest may go through gateways", "subnets", len(out), "max", egress.MaxInCluster)
+		out = out[:egress.MaxInCluster]
+	}
+	return out
 }
 
 // apply calls the Applier, logging how long it took.

@@ -56,7 +56,31 @@ func (c *Client) watch(ctx context.Context) error {
 			return err
 		}
 	}
+	pools, err := c.cache.GetInformer(ctx, &skeinv1.AddressPool{})
+	if err != nil {
+		return fmt.Errorf("egress: watch AddressPools: %w", err)
+	}
+	if _, err := pools.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.queueFollowed() },
+		UpdateFunc: func(any, any) { c.queueFollowed() },
+		DeleteFunc: func(any) { c.queueFollowed() },
+	}); err != nil {
+		return err
+	}
 	return nil
+}
+
+// queueFollowed queues every followed pod that has gateways: an
+// AddressPool changed, and with it their in-cluster networks (a sync
+// that finds nothing different applies nothing).
+func (c *Client) queueFollowed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, st := range c.pods {
+		if st.gateways > 0 {
+			c.queue.Add(k)
+		}
+	}
 }
 
 // samePodView: nothing the Client reads of the pod changed (its
@@ -250,7 +274,7 @@ func keepUnresolved(cfg, applied egress.ClientConfig, wanted []types.NamespacedN
 	has := func(gws []egress.Gateway, k types.NamespacedName) bool {
 		return slices.ContainsFunc(gws, func(g egress.Gateway) bool { return g.Namespace == k.Namespace && g.Name == k.Name })
 	}
-	out := egress.ClientConfig{Gateways: slices.Clone(cfg.Gateways)}
+	out := egress.ClientConfig{Gateways: slices.Clone(cfg.Gateways), InCluster: cfg.InCluster}
 	for _, g := range applied.Gateways {
 		k := types.NamespacedName{Namespace: g.Namespace, Name: g.Name}
 		if slices.Contains(wanted, k) && !has(out.Gateways, k) {
