@@ -33,7 +33,9 @@ deps-demo:
 # host's pinned namespaces, links, addresses, routes, rules, nftables and
 # mounts first and compares them once the tests are done: make test fails
 # if the tests fail, and also if they pass but leave the host changed.
-test:
+# deps runs first: the host is recorded with the tools that read it (nft)
+# installed, as it will be when it is compared.
+test: deps
 	@state=$$(mktemp /tmp/skein-host.XXXXXX) || exit 1; \
 	$(GO) run ./test/hostcheck save "$$state" || { rm -f "$$state"; exit 1; }; \
 	$(MAKE) --no-print-directory test-run; status=$$?; \

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/skeinnet/skein/test/harness"
 )
 
 // cleanup runs undo steps in reverse; failed counts the ones that failed.
@@ -68,6 +70,7 @@ func main() {
 	// kill skeind or dockerd before they have undone their work.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	start := time.Now()
+	firstRun := harness.Existing(harness.FirstRunPaths)
 	before, err := snapshotHost()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -81,6 +84,13 @@ func main() {
 	}
 	fmt.Println("\n== cleaning up")
 	c.run()
+	// dockerd and containerd's shims create a few files on their first run
+	// ever on a machine; the demo removes them if it made them.
+	removed, terr := harness.TidyFirstRun(firstRun)
+	for _, p := range removed {
+		fmt.Printf("   removed %s (dockerd or containerd created it on their first run here)\n", p)
+	}
+	err = errors.Join(err, terr)
 	stop()
 	if c.failed > 0 {
 		err = errors.Join(err, fmt.Errorf("%d cleanup step(s) failed", c.failed))

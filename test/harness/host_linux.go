@@ -33,10 +33,15 @@ type Host struct {
 	// <namespace>") and every name under NetNSDir ("name <file>"), so that
 	// a pin whose file is gone and a file whose pin is gone both show.
 	NetNS []string
+	// Paths are WatchedDirs and their entries (see readPaths).
+	Paths []string
+	// FirstRun is which of FirstRunPaths existed (see TidyFirstRun).
+	FirstRun map[string]bool
 }
 
-// ReadHost describes the host. nft missing is not an error (the NFT part
-// then says so); everything else that cannot be read is.
+// ReadHost describes the host. nft missing is not an error: NFT is then
+// nil, "not recorded", and CompareHost compares the ruleset only when both
+// sides have it. Everything else that cannot be read is an error.
 func ReadHost() (Host, error) {
 	var host Host
 	var err error
@@ -54,6 +59,8 @@ func ReadHost() (Host, error) {
 	for _, e := range entries {
 		host.NetNS = append(host.NetNS, "name "+filepath.Join(NetNSDir, e.Name()))
 	}
+	host.Paths = readPaths()
+	host.FirstRun = Existing(FirstRunPaths)
 	for _, s := range [][]string{host.NFT, host.Mounts, host.NetNS} {
 		slices.Sort(s)
 	}
@@ -87,11 +94,14 @@ func readHostNet() (State, error) {
 }
 
 func readNFT() []string {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil // not installed (yet): not recorded
+	}
 	out, err := exec.Command("nft", "--stateless", "list", "ruleset").Output()
 	if err != nil {
 		return []string{fmt.Sprintf("(nft list ruleset: %v)", err)}
 	}
-	var lines []string
+	lines := []string{} // recorded, even when empty
 	for _, l := range strings.Split(string(out), "\n") {
 		if l = strings.TrimSpace(l); l != "" {
 			lines = append(lines, l)
@@ -175,7 +185,12 @@ func CompareHost(before, after Host, all bool) []HostDiff {
 		{"addresses", before.Net.Addrs, after.Net.Addrs},
 		{"routes", before.Net.Routes, after.Net.Routes},
 		{"rules", before.Net.Rules, after.Net.Rules},
-		{"nftables", before.NFT, after.NFT},
+	}
+	if before.NFT != nil && after.NFT != nil {
+		parts = append(parts, struct {
+			what string
+			a, b []string
+		}{"nftables", before.NFT, after.NFT})
 	}
 	if all {
 		parts = append(parts, []struct {
@@ -184,6 +199,7 @@ func CompareHost(before, after Host, all bool) []HostDiff {
 		}{
 			{"namespaces", before.NetNS, after.NetNS},
 			{"mounts", before.Mounts, after.Mounts},
+			{"paths", before.Paths, after.Paths},
 		}...)
 	}
 	var out []HostDiff

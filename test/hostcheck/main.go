@@ -5,6 +5,10 @@
 // nftables ruleset and mounts; `hostcheck compare FILE` reads them again and
 // exits 1, printing what is gone and what was added, if anything differs.
 //
+// Before comparing, compare removes what dockerd and containerd's shims
+// create on their first run ever on a machine (harness.FirstRunPaths) when
+// it was not there at save: a fresh machine must end as it began.
+//
 // One difference is allowed, and reported as a note: /run/netns becoming a
 // mount of itself. netns.Create prepares it so before its first pin, as
 // iproute2 and podman do on first use; nobody undoes it, because unmounting
@@ -70,8 +74,12 @@ func save(file string) error {
 	if err := os.WriteFile(file, b, 0o600); err != nil {
 		return fmt.Errorf("save the host's state: %w", err)
 	}
-	fmt.Printf("hostcheck: recorded the host (%d links, %d routes, %d rules, %d nftables lines, %d mounts, %d pinned namespaces) in %s\n",
-		len(host.Net.Links), len(host.Net.Routes), len(host.Net.Rules), len(host.NFT), len(host.Mounts), len(host.NetNS), file)
+	nft := fmt.Sprint(len(host.NFT))
+	if host.NFT == nil {
+		nft = "no (nft is not installed)"
+	}
+	fmt.Printf("hostcheck: recorded the host (%d links, %d routes, %d rules, %s nftables lines, %d mounts, %d pinned namespaces, %d watched paths) in %s\n",
+		len(host.Net.Links), len(host.Net.Routes), len(host.Net.Rules), nft, len(host.Mounts), len(host.NetNS), len(host.Paths), file)
 	return nil
 }
 
@@ -86,6 +94,18 @@ func compare(file string) error {
 	}
 	var diffs []harness.HostDiff
 	var notes []string
+	if before.FirstRun != nil {
+		// What dockerd and containerd's shims create on a machine where
+		// they never ran goes again, if this run created it (see
+		// harness.FirstRunPaths); anything else they left still shows.
+		removed, err := harness.TidyFirstRun(before.FirstRun)
+		for _, p := range removed {
+			notes = append(notes, fmt.Sprintf("removed %s: the tests' runtimes created it on their first run on this machine", p))
+		}
+		if err != nil {
+			return err
+		}
+	}
 	for deadline := time.Now().Add(settle); ; time.Sleep(250 * time.Millisecond) {
 		after, err := harness.ReadHost()
 		if err != nil {
