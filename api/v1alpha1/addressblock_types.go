@@ -7,23 +7,39 @@ import (
 )
 
 // AddressBlock is one block of a pool, owned by one node: all its
-// addresses route to that node. Its name is BlockName(pool, index), so the
-// API server refuses a second block with the same index; its labels
-// LabelPool and LabelNode name the pool and the node, an owner reference
-// points at the pool, and FinalizerBlock keeps it until the node has let
-// go of it. A block never changes once made.
+// addresses route to that node. A node claims a block itself by creating
+// it: its name is BlockName(pool, index), so the API server's
+// create-if-absent is the lock (201: the node owns it; 409: another node
+// does). NodeName names the owner and never changes; the labels LabelPool
+// and LabelNode repeat the pool and the node for selectors, an owner
+// reference points at the pool, and FinalizerBlock keeps it until the node
+// has let go of it. A block never changes once made.
+//
+// Blocks made by the retired BlockRequest protocol have no nodeName (only
+// the label): their node adopts them by setting it, once.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=skblock,categories=skein
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.labels['skein\.dev/pool']`
-// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.metadata.labels['skein\.dev/node']`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.nodeName`
 // +kubebuilder:printcolumn:name="Index",type=integer,JSONPath=`.index`
 // +kubebuilder:printcolumn:name="IPv4",type=string,JSONPath=`.ipv4`
 // +kubebuilder:printcolumn:name="IPv6",type=string,JSONPath=`.ipv6`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.endsWith('-' + string(self.index))",message="the name must be <pool>-<index>"
 type AddressBlock struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// NodeName is the node that owns the block: the only node that
+	// allocates from it and the one its routes lead to. Set at creation
+	// (blocks of the BlockRequest protocol: once, by their node) and
+	// never changed.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
 
 	// Index of the block in its pool (see internal/ipam.Geometry).
 	// +kubebuilder:validation:Minimum=0

@@ -4,10 +4,11 @@
 //
 //   - AddressPool: subnets carved into blocks of 2^blockSizeBits addresses
 //     (the same geometry as the embedded store, internal/ipam).
-//   - AddressBlock: one block of a pool, owned by one node, named
-//     "<pool>-<index>" so the API server's name uniqueness forbids two blocks
-//     with one index.
-//   - BlockRequest: a node asking the controller for a block of a pool.
+//   - AddressBlock: one block of a pool, owned by one node (nodeName),
+//     named "<pool>-<index>" so the API server's name uniqueness forbids two
+//     blocks with one index: a node claims a block by creating it.
+//   - BlockRequest: retired (the controller no longer answers it); kept in
+//     the scheme so that a cluster moving over can list and delete old ones.
 //   - Egress: a NAT gateway of router pods that chosen pods reach through
 //     Foo-over-UDP tunnels, run by skein-controller as a Deployment and a
 //     Service.
@@ -72,4 +73,12 @@ const (
 	// of its blocks exists.
 	FinalizerBlock = "skein.dev/block"
 	FinalizerPool  = "skein.dev/pool"
+	// NodeLeasePrefix names a node's liveness Lease (coordination.k8s.io)
+	// in skein's namespace: skeind renews NodeLeaseName(node) while it
+	// runs, and the controller takes a deleted Node's blocks back only
+	// once that Lease has expired.
+	NodeLeasePrefix = "skein-node-"
 )
+
+// NodeLeaseName is the name of node's liveness Lease.
+func NodeLeaseName(node string) string { return NodeLeasePrefix + node }
