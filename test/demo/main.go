@@ -70,7 +70,7 @@ func main() {
 	// kill skeind or dockerd before they have undone their work.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	start := time.Now()
-	firstRun := harness.Existing(harness.FirstRunPaths)
+	firstRun := harness.Existing(append([]string{harness.NetNSDir}, harness.FirstRunPaths...))
 	before, err := snapshotHost()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -91,6 +91,11 @@ func main() {
 		fmt.Printf("   removed %s (dockerd or containerd created it on their first run here)\n", p)
 	}
 	err = errors.Join(err, terr)
+	if gone, nerr := harness.TidyNetNSDir(firstRun[harness.NetNSDir]); gone {
+		fmt.Printf("   removed %s (the demo's namespaces made it; a fresh machine has none)\n", harness.NetNSDir)
+	} else if nerr != nil {
+		err = errors.Join(err, nerr)
+	}
 	stop()
 	if c.failed > 0 {
 		err = errors.Join(err, fmt.Errorf("%d cleanup step(s) failed", c.failed))

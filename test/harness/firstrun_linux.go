@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"golang.org/x/sys/unix"
 )
 
 // WatchedDirs are the host directories that the real runtimes the tests and
@@ -105,4 +107,29 @@ func depth(rel string) int {
 		}
 	}
 	return n
+}
+
+// TidyNetNSDir undoes what the first namespace pinned on a machine does to
+// NetNSDir (made, then bind-mounted onto itself, as iproute2 and podman
+// do), when the directory did not exist before a run (existed false) and
+// nothing is pinned there any more: its mounts of itself go and so does
+// the directory. It reports whether it removed the directory. With pins
+// left, or a directory that existed, it does nothing.
+func TidyNetNSDir(existed bool) (bool, error) {
+	if existed {
+		return false, nil
+	}
+	ents, err := os.ReadDir(NetNSDir)
+	if err != nil || len(ents) > 0 {
+		return false, nil
+	}
+	for i := 0; i < 16; i++ {
+		if err := unix.Unmount(NetNSDir, unix.MNT_DETACH); err != nil {
+			break // EINVAL: not a mount point any more
+		}
+	}
+	if err := os.Remove(NetNSDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("remove %s (created by this run): %w", NetNSDir, err)
+	}
+	return true, nil
 }

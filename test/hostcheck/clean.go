@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -104,25 +103,19 @@ func clean(dryRun bool) error {
 			}
 		}
 	}
-	// 4. /run/netns back to what a fresh machine has: no mount. Only when
-	// nothing else is pinned there: unmounting it would hide those pins.
-	switch mounted, left := netnsDirState(); {
-	case !mounted:
+	// 4. /run/netns back to what a fresh machine has: no mount, no
+	// directory. Only when nothing else is pinned there: unmounting it
+	// would hide those pins.
+	switch _, left := netnsDirState(); {
 	case len(left) > 0:
 		fmt.Printf("keeping %s mounted: namespaces are pinned there (%s)\n", harness.NetNSDir, strings.Join(left, ", "))
 	default:
-		do(harness.NetNSDir+"'s mount of itself (a fresh machine has none)", func() error {
-			for i := 0; i < 16; i++ {
-				err := unix.Unmount(harness.NetNSDir, unix.MNT_DETACH)
-				if errors.Is(err, unix.EINVAL) {
-					return nil
-				}
-				if err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		if _, err := os.Stat(harness.NetNSDir); err == nil {
+			do(harness.NetNSDir+" and its mount of itself (a fresh machine has neither)", func() error {
+				_, err := harness.TidyNetNSDir(false)
+				return err
+			})
+		}
 	}
 	return nil
 }
