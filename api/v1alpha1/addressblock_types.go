@@ -27,7 +27,7 @@ import (
 // +kubebuilder:printcolumn:name="IPv6",type=string,JSONPath=`.ipv6`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set"
-// +kubebuilder:validation:XValidation:rule="self.metadata.name.endsWith('-' + string(self.index))",message="the name must be <pool>-<index>"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.lastIndexOf('-') > 0 && self.metadata.name.substring(self.metadata.name.lastIndexOf('-') + 1) == string(self.index)",message="the name must be <pool>-<index>"
 type AddressBlock struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
