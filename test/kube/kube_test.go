@@ -181,7 +181,7 @@ func TestAPIServer(t *testing.T) {
 		b := &skeinv1.AddressBlock{
 			ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("default", 3),
 				Labels: map[string]string{skeinv1.LabelPool: "default", skeinv1.LabelNode: "node1"}},
-			Index: 3, IPv4: ptr.To("10.64.0.96/27"),
+			NodeName: "node1", Index: 3, IPv4: ptr.To("10.64.0.96/27"),
 		}
 		if err := c.Create(ctx, b); err != nil {
 			t.Fatal(err)
@@ -195,6 +195,17 @@ func TestAPIServer(t *testing.T) {
 		b.Index = 4
 		if err := c.Update(ctx, b); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "index is immutable") {
 			t.Errorf("changing a block's index = %v, want Invalid", err)
+		}
+		b.Index = 3
+		b.NodeName = "node2"
+		if err := c.Update(ctx, b); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "nodeName is immutable once set") {
+			t.Errorf("changing a block's nodeName = %v, want Invalid", err)
+		}
+		for _, name := range []string{"default-4", "default3", "3"} {
+			bad := &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: name}, NodeName: "node1", Index: 3}
+			if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "the name must be <pool>-<index>") {
+				t.Errorf("block %s with index 3 = %v, want Invalid", name, err)
+			}
 		}
 	})
 
