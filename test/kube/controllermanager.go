@@ -11,8 +11,9 @@ import (
 )
 
 // ControllerManagerBinary is the kube-controller-manager in AssetsDir.
-// Start does not need it, only StartGarbageCollector: a cache built
-// before scripts/deps.d/k8s.sh added it skips just those tests.
+// Start does not need it, only StartGarbageCollector and
+// StartControllerManager: a cache built before scripts/deps.d/k8s.sh
+// added it skips just those tests.
 const ControllerManagerBinary = "kube-controller-manager"
 
 // gcTimeout bounds kube-controller-manager's start until its garbage
@@ -33,12 +34,40 @@ const gcReadyLine = "Proceeding to collect garbage"
 // missing.
 func (e *Env) StartGarbageCollector(t testing.TB) {
 	t.Helper()
+	start := time.Now()
+	p := e.startControllerManager(t, []string{"garbage-collector-controller"})
+	if err := waitLogLine(p, gcTimeout, gcReadyLine); err != nil {
+		t.Fatalf("start the garbage collector: %v", err)
+	}
+	t.Logf("%s %s (garbage collector only) ready in %v", ControllerManagerBinary, KubernetesVersion,
+		time.Since(start).Round(time.Millisecond))
+}
+
+// StartControllerManager runs kube-controller-manager next to the API
+// server with only controllers (the names --controllers takes, e.g.
+// "validatingadmissionpolicy-status-controller", which type-checks
+// ValidatingAdmissionPolicies into their status), as the admin. It
+// returns once the process runs: the test waits for the effect it needs.
+// Only one kube-controller-manager runs per Env (StartGarbageCollector's
+// included). It is stopped at the end of the test, or by Stop; the test
+// is skipped when the binary is missing.
+func (e *Env) StartControllerManager(t testing.TB, controllers ...string) {
+	t.Helper()
+	if len(controllers) == 0 {
+		t.Fatal("kube: StartControllerManager without controllers")
+	}
+	e.startControllerManager(t, controllers)
+	t.Logf("%s %s running %s", ControllerManagerBinary, KubernetesVersion, strings.Join(controllers, ","))
+}
+
+func (e *Env) startControllerManager(t testing.TB, controllers []string) *proc {
+	t.Helper()
 	bin := filepath.Join(AssetsDir(), ControllerManagerBinary)
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("no %s in %s: run scripts/install-deps.sh (make deps) to build it", ControllerManagerBinary, AssetsDir())
 	}
 	if e.controllerManager != nil {
-		t.Fatal("kube: StartGarbageCollector called twice")
+		t.Fatal("kube: a kube-controller-manager already runs")
 	}
 	kc, err := e.WriteKubeconfig(AdminUser)
 	if err != nil {
@@ -46,7 +75,7 @@ func (e *Env) StartGarbageCollector(t testing.TB) {
 	}
 	args := []string{
 		"--kubeconfig=" + kc,
-		"--controllers=garbage-collector-controller",
+		"--controllers=" + strings.Join(controllers, ","),
 		"--leader-elect=false",
 		"--use-service-account-credentials=false",
 		// No serving endpoint: readiness is read from the log, so
@@ -55,7 +84,6 @@ func (e *Env) StartGarbageCollector(t testing.TB) {
 		"--secure-port=0",
 		"--profiling=false",
 	}
-	start := time.Now()
 	logPath := filepath.Join(e.Dir, ControllerManagerBinary+".log")
 	p, err := startProc(ControllerManagerBinary, bin, args, logPath)
 	if err != nil {
@@ -68,11 +96,7 @@ func (e *Env) StartGarbageCollector(t testing.TB) {
 		}
 		p.stop(10 * time.Second)
 	})
-	if err := waitLogLine(p, gcTimeout, gcReadyLine); err != nil {
-		t.Fatalf("start the garbage collector: %v", err)
-	}
-	t.Logf("%s %s (garbage collector only) ready in %v", ControllerManagerBinary, KubernetesVersion,
-		time.Since(start).Round(time.Millisecond))
+	return p
 }
 
 // waitLogLine polls p's log until it holds line, p exits or timeout

@@ -8,8 +8,11 @@
 // admin in system:masters, plus the users a test asks for) and authorizes
 // with RBAC, so tests can check each component's least-privilege role.
 // Start runs no kube-controller-manager: nothing garbage-collects by owner
-// reference unless a test calls Env.StartGarbageCollector, and no service
-// account tokens are minted.
+// reference unless a test calls Env.StartGarbageCollector, and no token
+// Secrets are made. The API server signs service account tokens with a
+// key of its own (--service-account-signing-key-file): Env.NodeToken and
+// Env.ServiceAccountToken ask for them through the TokenRequest API, a
+// Pod-bound one carrying its node as a kubelet-mounted token does.
 package kube
 
 import (

@@ -4,14 +4,17 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -178,7 +181,7 @@ func TestAPIServer(t *testing.T) {
 		b := &skeinv1.AddressBlock{
 			ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("default", 3),
 				Labels: map[string]string{skeinv1.LabelPool: "default", skeinv1.LabelNode: "node1"}},
-			Index: 3, IPv4: ptr.To("10.64.0.96/27"),
+			NodeName: "node1", Index: 3, IPv4: ptr.To("10.64.0.96/27"),
 		}
 		if err := c.Create(ctx, b); err != nil {
 			t.Fatal(err)
@@ -192,6 +195,17 @@ func TestAPIServer(t *testing.T) {
 		b.Index = 4
 		if err := c.Update(ctx, b); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "index is immutable") {
 			t.Errorf("changing a block's index = %v, want Invalid", err)
+		}
+		b.Index = 3
+		b.NodeName = "node2"
+		if err := c.Update(ctx, b); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "nodeName is immutable once set") {
+			t.Errorf("changing a block's nodeName = %v, want Invalid", err)
+		}
+		for _, name := range []string{"default-4", "default3", "3"} {
+			bad := &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: name}, NodeName: "node1", Index: 3}
+			if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "the name must be <pool>-<index>") {
+				t.Errorf("block %s with index 3 = %v, want Invalid", name, err)
+			}
 		}
 	})
 
@@ -283,5 +297,70 @@ func TestGarbageCollector(t *testing.T) {
 	env.Stop()
 	if !p.exited() {
 		t.Errorf("%s still runs after Stop", p.name)
+	}
+}
+
+// TestTokens: the API server mints service account tokens and
+// authenticates them; a token bound to a Pod on a Node carries that node
+// (the extra NodeNameExtra, what per-node policies read), one bound to
+// nothing does not.
+func TestTokens(t *testing.T) {
+	env := Start(t, Options{})
+	ctx := context.Background()
+	whoami := func(t *testing.T, token string) authenticationv1.UserInfo {
+		t.Helper()
+		cs, err := kubernetes.NewForConfig(env.TokenConfig(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("self subject review: %v", err)
+		}
+		return r.Status.UserInfo
+	}
+	const user = "system:serviceaccount:ns1:agent"
+
+	bound := env.NodeToken(t, "ns1", "agent", "n1")
+	u := whoami(t, bound)
+	if u.Username != user || !slices.Equal(u.Extra[NodeNameExtra], []string{"n1"}) ||
+		!slices.Equal(u.Extra["authentication.kubernetes.io/pod-name"], []string{"token-agent-n1"}) {
+		t.Errorf("a token bound to a pod on n1 authenticates as %+v; want %s with %s [n1]", u, user, NodeNameExtra)
+	}
+	// A second call reuses the Pod; another node gets its own.
+	if u := whoami(t, env.NodeToken(t, "ns1", "agent", "n1")); !slices.Equal(u.Extra[NodeNameExtra], []string{"n1"}) {
+		t.Errorf("a second token for n1 authenticates as %+v", u)
+	}
+	if u := whoami(t, env.NodeToken(t, "ns1", "agent", "n2")); !slices.Equal(u.Extra[NodeNameExtra], []string{"n2"}) {
+		t.Errorf("a token for n2 authenticates as %+v", u)
+	}
+
+	u = whoami(t, env.ServiceAccountToken(t, "ns1", "agent"))
+	if _, ok := u.Extra[NodeNameExtra]; u.Username != user || ok {
+		t.Errorf("an unbound token authenticates as %+v; want %s, no node", u, user)
+	}
+
+	// The token lives as long as its Pod.
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().Pods("ns1").Delete(ctx, "token-agent-n1", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := kubernetes.NewForConfig(env.TokenConfig(bound))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if apierrors.IsUnauthorized(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token of a deleted pod still authenticates (last: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
