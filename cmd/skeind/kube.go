@@ -20,6 +20,10 @@ type kubeFlags struct {
 	store        string
 	kubeconfig   string
 	grantTimeout time.Duration
+	// leaseNamespace holds the node's liveness Lease.
+	leaseNamespace string
+	// minBlockAge: how long an empty block is kept before it is given back.
+	minBlockAge time.Duration
 	// egress: follow pods' egress annotations (package podegress).
 	egress bool
 }
@@ -56,7 +60,8 @@ func (k kubeFlags) openStore(ctx context.Context, cfg daemon.Config) (store.Stor
 	if err != nil {
 		return nil, err
 	}
-	st, err := kubestore.New(ctx, kubestore.Options{Config: rc, Node: cfg.Node, Local: local, GrantTimeout: k.grantTimeout})
+	st, err := kubestore.New(ctx, kubestore.Options{Config: rc, Node: cfg.Node, Local: local, GrantTimeout: k.grantTimeout,
+		LeaseNamespace: k.leaseNamespace})
 	if err != nil {
 		local.Close()
 		return nil, err

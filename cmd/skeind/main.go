@@ -122,6 +122,7 @@ func newCommand() *cobra.Command {
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
+			final.Blocks.MinBlockAge = kf.minBlockAge
 			if final.Store, err = kf.openStore(ctx, final); err != nil {
 				return err
 			}
@@ -204,7 +205,9 @@ func newCommand() *cobra.Command {
 	f.IntVar(&cfg.Routing.VXLAN.MTU, "vxlan-mtu", 0, "MTU of the VXLAN device of --routing vxlan, 1280..65535 (0: the underlay link's MTU minus 50 on an IPv4 underlay, 70 on IPv6); with --mtu 0 pods get this MTU")
 	f.StringVar(&kf.store, "store", "embedded", "where pools and blocks live: embedded (a file under --state-dir, one host) or kubernetes (the API server; attachments stay in the file)")
 	f.StringVar(&kf.kubeconfig, "kubeconfig", "", "kubeconfig for --store kubernetes (empty: the in-cluster configuration)")
-	f.DurationVar(&kf.grantTimeout, "block-wait", kubestore.DefaultGrantTimeout, "with --store kubernetes, how long an ADD waits for skein-controller to grant a block before failing with \"try again\" (CNI code 11)")
+	f.DurationVar(&kf.grantTimeout, "block-wait", kubestore.DefaultGrantTimeout, "with --store kubernetes, how long one block claim (the create of an AddressBlock) may take before the ADD that needs it fails with \"try again\" (CNI code 11); spare blocks are claimed ahead, so ADDs rarely wait for one")
+	f.StringVar(&kf.leaseNamespace, "lease-namespace", kubestore.DefaultLeaseNamespace, "with --store kubernetes, the namespace of this node's liveness Lease (skein-node-<node>), renewed every 10 s: skein-controller takes the blocks of a deleted Node only once it has expired")
+	f.DurationVar(&kf.minBlockAge, "block-min-age", 30*time.Second, "with --store kubernetes, how long a block stays empty before it is given back to the cluster (one spare block per pool in use is always kept)")
 	f.BoolVar(&kf.egress, "egress", true, "with --store kubernetes, give pods annotated egress.skein.dev/<namespace>: <egress>,… their tunnels to those Egresses' gateways (needs the Egress CRD, and get/list/watch of Pods, Services and Egresses)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

@@ -75,6 +75,10 @@ type Config struct {
 	// Store, if set, is used instead of the embedded store under
 	// StateDir; the daemon closes it. (Unit tests pass a fake.)
 	Store store.Store `json:"-"`
+	// Blocks tunes block handling when Store is shared by a cluster
+	// (ipam.ClusterStore: the Kubernetes store): how long an empty block
+	// is kept, and so on. The zero value is usable.
+	Blocks ipam.ClusterOptions `json:"-"`
 	// Routes, if set, answers ListRoutes; its metrics (when it has
 	// Collectors) are served with the daemon's. Nil: an empty list.
 	Routes Routes `json:"-"`
@@ -167,7 +171,13 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 			st.Close()
 		}
 	}()
-	d.ipam, err = ipam.NewManager(ipam.Options{Store: st, Node: cfg.Node, OnBlocksChanged: d.kickExport})
+	blocks := cfg.Blocks
+	if r, ok := st.(interface {
+		BlockLost(pool string, index uint32, held int)
+	}); ok && blocks.OnBlockLost == nil {
+		blocks.OnBlockLost = r.BlockLost
+	}
+	d.ipam, err = ipam.NewManager(ipam.Options{Store: st, Node: cfg.Node, OnBlocksChanged: d.kickExport, Cluster: blocks, Logger: d.log})
 	if err != nil {
 		return nil, err
 	}
@@ -288,8 +298,23 @@ func (d *Daemon) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go d.exportLoop(ctx)
+	go func() {
+		// With a store shared by a cluster: spare blocks, blocks given
+		// back, pools and ownership followed (nothing otherwise).
+		defer d.wg.Done()
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-d.done:
+				cancel()
+			case <-rctx.Done():
+			}
+		}()
+		d.ipam.Run(rctx)
+	}()
 	go func() { errc <- d.grpc.Serve(l) }()
 	d.log.Info("skeind serving", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "node", d.cfg.Node,
 		"store", d.st.Describe(), "version", Version)

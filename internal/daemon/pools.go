@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -10,10 +11,12 @@ import (
 
 // namespacePools is a store that knows which pool a Kubernetes namespace's
 // pods use (the Kubernetes store: the namespace's skein.dev/pool
-// annotation, read from an informer cache). It answers false for a
-// namespace without one, or one it does not know.
+// annotation, read from an informer cache, or from the API server when
+// the cache has not seen the namespace). It answers false for a namespace
+// without one, and an error for a namespace it cannot read: never a
+// silent fallback to the default pool.
 type namespacePools interface {
-	PoolForNamespace(ctx context.Context, namespace string) (string, bool)
+	PoolForNamespace(ctx context.Context, namespace string) (string, bool, error)
 }
 
 // choosePool sets conf.Pool from the pod's namespace when the store can
@@ -34,7 +37,11 @@ func (d *Daemon) choosePool(ctx context.Context, conf *cni.NetConf, cniArgs stri
 	if ns == "" {
 		return nil
 	}
-	if p, ok := np.PoolForNamespace(ctx, ns); ok {
+	p, ok, err := np.PoolForNamespace(ctx, ns)
+	if err != nil {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("the pool of namespace %q cannot be known: %v", ns, err), "")
+	}
+	if ok {
 		conf.Pool = p
 	}
 	return nil

@@ -14,19 +14,23 @@ import (
 )
 
 // nsStore answers PoolForNamespace from a map, as the Kubernetes store
-// does from its namespace cache.
+// does from its namespace cache ("" = a namespace without the
+// annotation); a namespace not in the map cannot be read.
 type nsStore struct {
 	store.Store
 	pools map[string]string
 }
 
-func (s nsStore) PoolForNamespace(_ context.Context, ns string) (string, bool) {
+func (s nsStore) PoolForNamespace(_ context.Context, ns string) (string, bool, error) {
 	p, ok := s.pools[ns]
-	return p, ok
+	if !ok {
+		return "", false, fmt.Errorf("namespace %q does not exist: %w", ns, store.ErrNotFound)
+	}
+	return p, p != "", nil
 }
 
 func TestChoosePool(t *testing.T) {
-	ns := nsStore{pools: map[string]string{"team-blue": "blue"}}
+	ns := nsStore{pools: map[string]string{"team-blue": "blue", "plain": ""}}
 	for _, tc := range []struct {
 		name  string
 		st    store.Store
@@ -39,6 +43,9 @@ func TestChoosePool(t *testing.T) {
 		{"no namespace in CNI_ARGS", ns, "", "net-pool", false},
 		{"embedded store ignores namespaces", nsStore{}.Store, "K8S_POD_NAMESPACE=team-blue", "net-pool", false},
 		{"unreadable CNI_ARGS", ns, "K8S_POD_NAMESPACE", "net-pool", true},
+		// Never the default pool for a namespace the store cannot read: a
+		// tenant's pod would get another tenant's addresses.
+		{"unknown namespace", ns, "K8S_POD_NAMESPACE=team-red", "net-pool", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &Daemon{st: tc.st}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -35,46 +36,54 @@ type Options struct {
 	// of the Manager held (it may call OwnedBlocks), on the goroutine that
 	// made the change, which waits for it: it should return quickly.
 	OnBlocksChanged func()
+	// Cluster tunes the block handling of a ClusterStore (ignored with
+	// another store).
+	Cluster ClusterOptions
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
 }
 
-// BlockGranter is implemented by stores where a central allocator (the
-// skein controller, in Kubernetes mode) chooses which block a node gets:
-// the node asks for any block of a pool and cannot pick an index.
-//
-// With such a store the Manager asks GrantBlock when a node's blocks of a
-// pool are full, and gives a block back (ReleaseBlock) as soon as its last
-// address is released: blocks are shared by the cluster and a node keeps
-// only what it uses.
-type BlockGranter interface {
-	// GrantBlock returns a block of pool newly owned by node. It waits for
-	// the allocator, but not forever: ErrTryAgain when it did not answer
-	// in time (nothing is left half-made), ErrExhausted when the pool has
-	// no free block, ErrPoolNotFound for an unknown pool.
-	GrantBlock(ctx context.Context, pool, node string) (store.Block, error)
-}
-
-// ErrTryAgain: the block allocator did not answer in time; the request
-// may succeed later (CNI code 11).
+// ErrTryAgain: no block could be had now (the store did not answer, or
+// other nodes took every block tried first); the request may succeed
+// later (CNI code 11).
 var ErrTryAgain = errors.New("try again later")
 
 // Manager hands out addresses from pools. Each pool has its own lock held
 // for microseconds while a bitmap is searched; there is no lock shared by
-// all ADDs. Claiming a new block (a store write) happens under the pool's
-// lock, once per 2^bits addresses; with a BlockGranter store that includes
-// the wait for the allocator, so the pool's other requests on this node
-// wait with it (for at most the store's grant timeout each).
+// all ADDs. With the embedded store, claiming a new block (a local store
+// write) happens under the pool's lock, once per 2^bits addresses. With a
+// ClusterStore no store call is made under a pool's lock (see
+// ClusterStore and Run).
 type Manager struct {
 	st      store.Store
-	granter BlockGranter // nil: the node claims blocks in the store itself
+	cluster ClusterStore // nil: the embedded store
+	copts   ClusterOptions
 	node    string
 	changed func()
+	log     *slog.Logger
 
 	mu    sync.RWMutex
 	pools map[string]*poolState
+
+	// Run's work: pools to look at ("" = all), and its wake-up.
+	dirtyMu sync.Mutex
+	dirty   map[string]bool
+	kickc   chan struct{}
 }
 
 type poolState struct {
-	mu     sync.Mutex
+	mu sync.Mutex
+	// claimMu serializes a pool's block claims on this node (ClusterStore),
+	// taken without mu.
+	claimMu sync.Mutex
+	// deleting: the pool is being deleted (or was replaced): no block is
+	// claimed, empty ones are given back at once.
+	deleting bool
+	// lastUsed is when an address was last handed out or released.
+	lastUsed time.Time
+	// stale are addresses held under the pool's name by attachments of an
+	// earlier state of it, in blocks this node does not hold (yet).
+	stale  map[netip.Addr]bool
 	def    store.Pool
 	geo    *Geometry
 	blocks map[uint32]*blockState
@@ -86,9 +95,17 @@ type poolState struct {
 }
 
 type blockState struct {
-	index      uint32
-	v4, v6     *bitmap
-	res4, res6 uint32 // offsets reserved (counted as used in the bitmaps)
+	index  uint32
+	v4, v6 *bitmap // offsets used: held by attachments, or reserved
+	// rsv4, rsv6 are the offsets used because they are reserved (and held
+	// by no attachment): a subset of v4, v6.
+	rsv4, rsv6 *bitmap
+	// With a ClusterStore: lost is set once the block is no longer
+	// provably this node's (nothing is handed out from it again);
+	// releasing while it is being given back; emptySince is when its last
+	// address went (or it was claimed).
+	lost, releasing bool
+	emptySince      time.Time
 }
 
 // NewManager returns a manager over o.Store.
@@ -100,8 +117,25 @@ func NewManager(o Options) (*Manager, error) {
 	if changed == nil {
 		changed = func() {}
 	}
-	m := &Manager{st: o.Store, node: o.Node, changed: changed, pools: map[string]*poolState{}}
-	m.granter, _ = o.Store.(BlockGranter)
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Manager{st: o.Store, node: o.Node, changed: changed, log: log, pools: map[string]*poolState{},
+		copts: o.Cluster, dirty: map[string]bool{}, kickc: make(chan struct{}, 1)}
+	if cs, ok := o.Store.(ClusterStore); ok {
+		m.cluster = cs
+		if m.copts.MinBlockAge <= 0 {
+			m.copts.MinBlockAge = 30 * time.Second
+		}
+		if m.copts.Resync <= 0 {
+			m.copts.Resync = 5 * time.Second
+		}
+		if m.copts.DefaultPool == "" {
+			m.copts.DefaultPool = "default"
+		}
+		cs.Watch(m.kick)
+	}
 	return m, nil
 }
 
@@ -201,19 +235,8 @@ func (m *Manager) pool(ctx context.Context, name string) (*poolState, error) {
 	if err != nil {
 		return nil, err
 	}
-	geo, err := NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
-	if err != nil {
-		return nil, fmt.Errorf("stored pool %q: %w", name, err)
-	}
-	blocks, err := m.st.ListBlocks(ctx, name)
-	if err != nil {
+	if ps, err = m.newPoolState(ctx, def); err != nil {
 		return nil, err
-	}
-	ps = &poolState{def: def, geo: geo, blocks: map[uint32]*blockState{}}
-	for _, b := range blocks {
-		if b.Node == m.node && b.Index < geo.Blocks() {
-			ps.addBlock(b.Index)
-		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -221,6 +244,26 @@ func (m *Manager) pool(ctx context.Context, name string) (*poolState, error) {
 		return other, nil
 	}
 	m.pools[name] = ps
+	return ps, nil
+}
+
+// newPoolState is the in-memory state of pool def with the blocks the
+// store says this node owns.
+func (m *Manager) newPoolState(ctx context.Context, def store.Pool) (*poolState, error) {
+	geo, err := NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
+	if err != nil {
+		return nil, fmt.Errorf("stored pool %q: %w", def.Name, err)
+	}
+	blocks, err := m.st.ListBlocks(ctx, def.Name)
+	if err != nil {
+		return nil, err
+	}
+	ps := &poolState{def: def, geo: geo, blocks: map[uint32]*blockState{}, deleting: def.Deleting}
+	for _, b := range blocks {
+		if b.Node == m.node && b.Index < geo.Blocks() {
+			ps.addBlock(b.Index).emptySince = time.Now()
+		}
+	}
 	return ps, nil
 }
 
@@ -232,25 +275,65 @@ func (ps *poolState) addBlock(i uint32) *blockState {
 	b := &blockState{index: i}
 	size := ps.geo.BlockSize()
 	if v4 {
-		b.v4 = newBitmap(size)
+		b.v4, b.rsv4 = newBitmap(size), newBitmap(size)
 	}
 	if v6 {
-		b.v6 = newBitmap(size)
+		b.v6, b.rsv6 = newBitmap(size), newBitmap(size)
 	}
-	for off := uint32(0); off < size; off++ {
-		if v4 && ps.geo.Reserved(ps.geo.Addr(i, off, false)) {
-			b.v4.set(off)
-			b.res4++
-		}
-		if v6 && ps.geo.Reserved(ps.geo.Addr(i, off, true)) {
-			b.v6.set(off)
-			b.res6++
-		}
-	}
+	b.applyReserved(ps.geo)
 	ps.blocks[i] = b
 	pos, _ := slices.BinarySearch(ps.order, i)
 	ps.order = slices.Insert(ps.order, pos, i)
+	for a := range ps.stale {
+		if bi, off, ok := ps.geo.Locate(a); ok && bi == i {
+			b.hold(a, off)
+			delete(ps.stale, a)
+		}
+	}
 	return b
+}
+
+// applyReserved makes b's reservations those of geo: offsets newly
+// reserved and free become used, offsets no longer reserved (and not held)
+// become free. An address held by an attachment stays held whatever geo
+// says; release turns it into a reservation if it is one by then.
+func (b *blockState) applyReserved(geo *Geometry) {
+	for _, f := range []struct {
+		bm, rsv *bitmap
+		v6      bool
+	}{{b.v4, b.rsv4, false}, {b.v6, b.rsv6, true}} {
+		if f.bm == nil {
+			continue
+		}
+		for off := uint32(0); off < f.bm.size; off++ {
+			r := geo.Reserved(geo.Addr(b.index, off, f.v6))
+			switch {
+			case r && !f.bm.test(off):
+				f.bm.set(off)
+				f.rsv.set(off)
+			case !r && f.rsv.test(off):
+				f.rsv.clear(off)
+				f.bm.clear(off)
+			}
+		}
+	}
+}
+
+// hold marks a (at offset off of b) held by an attachment: a reserved
+// offset becomes held; it reports false when an attachment held it
+// already.
+func (b *blockState) hold(a netip.Addr, off uint32) bool {
+	bm, rsv := b.v4, b.rsv4
+	if a.Is6() {
+		bm, rsv = b.v6, b.rsv6
+	}
+	if bm == nil {
+		return false
+	}
+	if rsv.clear(off) {
+		return true // reserved, and now held too
+	}
+	return bm.set(off)
 }
 
 // Request asks for addresses from one pool.
@@ -283,14 +366,24 @@ func (m *Manager) Allocate(ctx context.Context, r Request) (addrs []netip.Addr, 
 		return nil, fmt.Errorf("%w: pool %q has no subnet of the family asked for", ErrExhausted, r.Pool)
 	}
 
+	if m.cluster != nil {
+		return m.allocateCluster(ctx, ps, r, want4, want6)
+	}
+	return m.allocateOnce(ctx, ps, r, want4, want6)
+}
+
+// allocateOnce is one try of Allocate under the pool's lock. With a
+// ClusterStore it fails with a *needBlock, holding nothing, when the
+// request needs a block this node does not have.
+func (m *Manager) allocateOnce(ctx context.Context, ps *poolState, r Request, want4, want6 bool) (addrs []netip.Addr, err error) {
 	ps.mu.Lock()
 	defer m.unlock(ps)
+	ps.lastUsed = time.Now()
 	// On any failure give back what this request took so far: nothing is
 	// held after an error. (addrs and err are the named results.)
 	defer func() {
 		if err != nil {
 			ps.release(addrs)
-			m.freeEmpty(context.WithoutCancel(ctx), ps, addrs)
 			addrs = nil
 		}
 	}()
@@ -314,6 +407,9 @@ func (m *Manager) Allocate(ctx context.Context, r Request) (addrs []netip.Addr, 
 			return addrs, err
 		}
 		addrs = append(addrs, a)
+	}
+	if m.cluster != nil && ps.free() < ps.lowWater() {
+		m.kick(ps.def.Name) // Run claims a spare before the pool runs dry
 	}
 	return addrs, nil
 }
@@ -340,6 +436,12 @@ func (m *Manager) takeStatic(ctx context.Context, ps *poolState, a netip.Addr) e
 		return fmt.Errorf("%w: %v is reserved in pool %q", ErrReserved, a, ps.def.Name)
 	}
 	b := ps.blocks[bi]
+	if b != nil && m.cluster != nil && !m.usable(ps, b) {
+		return fmt.Errorf("%w: %v is in block %d, which node %q no longer owns", ErrInUse, a, bi, m.node)
+	}
+	if b == nil && m.cluster != nil {
+		return &needBlock{want: &bi}
+	}
 	if b == nil {
 		blk, err := m.st.ClaimBlock(ctx, ps.def.Name, m.node, ps.geo.Blocks(), &bi, nil)
 		if errors.Is(err, store.ErrConflict) && blk.Node == "" {
@@ -356,11 +458,7 @@ func (m *Manager) takeStatic(ctx context.Context, ps *poolState, a netip.Addr) e
 		b = ps.addBlock(bi)
 		ps.claimed = true
 	}
-	bm := b.v4
-	if a.Is6() {
-		bm = b.v6
-	}
-	if !bm.set(off) {
+	if !b.hold(a, off) {
 		return fmt.Errorf("%w: %v is already assigned", ErrInUse, a)
 	}
 	return nil
@@ -371,6 +469,9 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 	for n := 0; n < len(ps.order); n++ {
 		pos := (ps.cursor + n) % len(ps.order)
 		b := ps.blocks[ps.order[pos]]
+		if m.cluster != nil && !m.usable(ps, b) {
+			continue
+		}
 		if a, ok := ps.takeIn(b, v6, within); ok {
 			ps.cursor = pos
 			return a, nil
@@ -380,8 +481,8 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 	// an address to hand out (not every one reserved; in within, if
 	// given). A block with none is never claimed: it would fail this
 	// request and, claimed, be skipped forever after.
-	if m.granter != nil {
-		return m.takeGranted(ctx, ps, v6, within)
+	if m.cluster != nil {
+		return netip.Addr{}, &needBlock{v6: v6, within: within}
 	}
 	blk, err := m.claimWithin(ctx, ps, ps.geo.usableBlocks(within, v6))
 	if errors.Is(err, store.ErrExhausted) {
@@ -397,58 +498,6 @@ func (m *Manager) takeNext(ctx context.Context, ps *poolState, v6 bool, within [
 		return a, nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w in pool %q (new block %d has no usable address)", ErrExhausted, ps.def.Name, blk.Index)
-}
-
-// maxGrants bounds the blocks takeGranted asks for in one request. The
-// allocator picks the block: one with no address this request can use
-// (every address reserved, or outside within) is kept — given back, it
-// would be granted again — and another is asked for.
-const maxGrants = 4
-
-// takeGranted asks the store's allocator for blocks until one has an
-// address for this request; the caller holds ps.mu.
-func (m *Manager) takeGranted(ctx context.Context, ps *poolState, v6 bool, within []netip.Prefix) (netip.Addr, error) {
-	for range maxGrants {
-		blk, err := m.granter.GrantBlock(ctx, ps.def.Name, m.node)
-		if err != nil {
-			return netip.Addr{}, fmt.Errorf("get a block of pool %q: %w", ps.def.Name, err)
-		}
-		if blk.Index >= ps.geo.Blocks() {
-			if err := m.reload(ctx, ps, blk.Index); err != nil {
-				return netip.Addr{}, err
-			}
-		}
-		b := ps.addBlock(blk.Index)
-		ps.claimed = true
-		ps.cursor, _ = slices.BinarySearch(ps.order, blk.Index)
-		if a, ok := ps.takeIn(b, v6, within); ok {
-			return a, nil
-		}
-	}
-	return netip.Addr{}, fmt.Errorf("%w in pool %q: %d blocks granted in a row had no usable address", ErrExhausted, ps.def.Name, maxGrants)
-}
-
-// reload re-reads ps's definition when the allocator granted block index,
-// beyond the pool as this node knows it: subnets were appended to the pool
-// since it was loaded. Appending keeps every existing block's index and
-// addresses, so the blocks held stay valid. The caller holds ps.mu.
-func (m *Manager) reload(ctx context.Context, ps *poolState, index uint32) error {
-	def, err := m.st.GetPool(ctx, ps.def.Name)
-	if err != nil {
-		return fmt.Errorf("reload pool %q for granted block %d: %w", ps.def.Name, index, err)
-	}
-	geo, err := NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
-	if err != nil {
-		return fmt.Errorf("reload pool %q: %w", ps.def.Name, err)
-	}
-	if index >= geo.Blocks() {
-		return fmt.Errorf("granted block %d of pool %q, which has %d blocks", index, ps.def.Name, geo.Blocks())
-	}
-	if geo.BlockSize() != ps.geo.BlockSize() {
-		return fmt.Errorf("pool %q changed its block size from %d to %d addresses; restart skeind", ps.def.Name, ps.geo.BlockSize(), geo.BlockSize())
-	}
-	ps.def, ps.geo = def, geo
-	return nil
 }
 
 // claimWithin claims the lowest free block in ranges. The store's ok
@@ -558,22 +607,38 @@ func (ps *poolState) takeIn(b *blockState, v6 bool, within []netip.Prefix) (neti
 	return ps.geo.Addr(b.index, off, v6), true
 }
 
-// release clears addrs in ps; the caller holds ps.mu.
+// release clears addrs in ps (an address reserved meanwhile stays used,
+// as a reservation); the caller holds ps.mu. A block left empty is marked
+// so (giveBack), and a lost one is forgotten.
 func (ps *poolState) release(addrs []netip.Addr) {
 	for _, a := range addrs {
 		a = a.Unmap()
+		delete(ps.stale, a)
 		bi, off, ok := ps.geo.Locate(a)
-		if !ok || ps.geo.Reserved(a) {
+		if !ok {
 			continue
 		}
 		b := ps.blocks[bi]
 		if b == nil {
 			continue
 		}
+		bm, rsv := b.v4, b.rsv4
 		if a.Is6() {
-			b.v6.clear(off)
+			bm, rsv = b.v6, b.rsv6
+		}
+		if bm == nil || !bm.test(off) || rsv.test(off) {
+			continue // free, or a reservation: not an attachment's
+		}
+		if ps.geo.Reserved(a) {
+			rsv.set(off) // reserved since it was handed out
 		} else {
-			b.v4.clear(off)
+			bm.clear(off)
+		}
+		if b.held() == 0 {
+			b.emptySince = time.Now()
+			if b.lost {
+				ps.dropBlock(bi)
+			}
 		}
 	}
 }
@@ -586,80 +651,25 @@ func (m *Manager) Release(ctx context.Context, pool string, addrs []netip.Addr) 
 		return
 	}
 	ps.mu.Lock()
-	defer m.unlock(ps)
 	ps.release(addrs)
-	m.freeEmpty(ctx, ps, addrs)
+	ps.lastUsed = time.Now()
+	m.unlock(ps)
+	m.kick(pool) // a block may be empty now (Run gives it back in time)
 }
 
-// freeEmpty frees the blocks of addrs that no longer hold an address, with
-// a BlockGranter store; the caller holds ps.mu.
-func (m *Manager) freeEmpty(ctx context.Context, ps *poolState, addrs []netip.Addr) {
-	if m.granter == nil {
-		return
-	}
-	for _, a := range addrs {
-		if bi, _, ok := ps.geo.Locate(a.Unmap()); ok {
-			_ = m.freeIfEmpty(ctx, ps, bi) // kept on failure; freed on the next start
-		}
-	}
-}
+func (b *blockState) inUse() bool { return b.held() > 0 }
 
-// freeIfEmpty gives block bi back to the store when no address of it is
-// held; the caller holds ps.mu. A failure keeps the block this node's
-// (harmless: it is freed on the next start).
-func (m *Manager) freeIfEmpty(ctx context.Context, ps *poolState, bi uint32) error {
-	b := ps.blocks[bi]
-	if b == nil || b.inUse() {
-		return nil
-	}
-	if err := m.st.ReleaseBlock(ctx, ps.def.Name, bi, m.node); err != nil {
-		return fmt.Errorf("free block %d of pool %q: %w", bi, ps.def.Name, err)
-	}
-	delete(ps.blocks, bi)
-	if pos, found := slices.BinarySearch(ps.order, bi); found {
-		ps.order = slices.Delete(ps.order, pos, pos+1)
-	}
-	ps.cursor = 0
-	ps.claimed = true
-	return nil
-}
-
-func (b *blockState) inUse() bool {
-	return b.v4 != nil && b.v4.used > b.res4 || b.v6 != nil && b.v6.used > b.res6
-}
-
-// FreeUnusedBlocks gives back every block of the loaded pools that holds
-// no address, and returns how many it freed. With a BlockGranter store it
-// runs on start, after Restore: blocks a crash left claimed but unused go
-// back to the cluster. Without one it does nothing (the embedded store
+// FreeUnusedBlocks runs on start, after Restore, with a ClusterStore:
+// blocks a crash left claimed but unused go back to the cluster (keeping
+// a spare for each pool in use), and the default pool gets its spare
+// before the node serves its first pod. It returns how many blocks it
+// gave back. Without a ClusterStore it does nothing (the embedded store
 // keeps a node's blocks).
 func (m *Manager) FreeUnusedBlocks(ctx context.Context) (int, error) {
-	if m.granter == nil {
+	if m.cluster == nil {
 		return 0, nil
 	}
-	m.mu.RLock()
-	pools := make([]*poolState, 0, len(m.pools))
-	for _, ps := range m.pools {
-		pools = append(pools, ps)
-	}
-	m.mu.RUnlock()
-	freed := 0
-	var errs []error
-	for _, ps := range pools {
-		ps.mu.Lock()
-		for _, bi := range slices.Clone(ps.order) {
-			if ps.blocks[bi].inUse() {
-				continue
-			}
-			if err := m.freeIfEmpty(ctx, ps, bi); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			freed++
-		}
-		m.unlock(ps)
-	}
-	return freed, errors.Join(errs...)
+	return m.tend(ctx, true)
 }
 
 // Restore marks addresses of an existing attachment used, on start. The
@@ -691,7 +701,7 @@ func (m *Manager) Restore(ctx context.Context, pool string, addrs []netip.Addr) 
 		if a.Is6() {
 			bm = b.v6
 		}
-		if !bm.set(off) && !ps.geo.Reserved(a) {
+		if !b.hold(a, off) {
 			dup = append(dup, a)
 		}
 		// Start the search after the highest restored offset so freshly
@@ -749,11 +759,11 @@ func (m *Manager) Usage(ctx context.Context, pool string) (Usage, error) {
 	}
 	for _, b := range ps.blocks {
 		if b.v4 != nil {
-			u.Used += uint64(b.v4.used - b.res4)
+			u.Used += uint64(b.v4.used - b.rsv4.used)
 			u.Free += uint64(b.v4.size - b.v4.used)
 		}
 		if b.v6 != nil {
-			u.Used += uint64(b.v6.used - b.res6)
+			u.Used += uint64(b.v6.used - b.rsv6.used)
 			u.Free += uint64(b.v6.size - b.v6.used)
 		}
 	}
@@ -792,6 +802,9 @@ func (m *Manager) OwnedBlocks() []netip.Prefix {
 	for _, ps := range m.pools {
 		ps.mu.Lock()
 		for _, i := range ps.order {
+			if ps.blocks[i].lost {
+				continue // another node's now: its routes lead there
+			}
 			v4, v6 := ps.geo.BlockPrefixes(i)
 			for _, p := range []netip.Prefix{v4, v6} {
 				if p.IsValid() {

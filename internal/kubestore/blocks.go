@@ -8,9 +8,7 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -21,31 +19,38 @@ import (
 	"github.com/skeinnet/skein/internal/store"
 )
 
-// pollEvery is how often GrantBlock looks at the cache for the answer.
-// Looking costs no API request.
-const pollEvery = 5 * time.Millisecond
-
-// ListBlocks lists this node's blocks of pool ("" = every pool) from the
-// informer cache. Other nodes' blocks are not cached (a cluster has
-// thousands): in Kubernetes mode the controller, not the node, looks for
-// free blocks.
+// ListBlocks lists the blocks of pool ("" = every pool) of every node,
+// from the informer cache: a claim skips the indices listed, and the
+// Manager keeps the ones of its node. A block whose owner reference names
+// another life of its pool (a pool deleted and re-created under the same
+// name while the block was kept) is listed as no node's: its index stays
+// taken, but nobody allocates from it.
 func (s *Store) ListBlocks(ctx context.Context, pool string) ([]store.Block, error) {
-	// The node's label is asked for even though the Store's own cache
-	// holds only this node's blocks: an injected cache holds every node's.
-	match := client.MatchingLabels{skeinv1.LabelNode: s.node}
+	var opts []client.ListOption
 	if pool != "" {
-		match[skeinv1.LabelPool] = pool
+		opts = append(opts, client.MatchingLabels{skeinv1.LabelPool: pool})
 	}
-	opts := []client.ListOption{match}
 	var list skeinv1.AddressBlockList
 	if err := s.cache.List(ctx, &list, opts...); err != nil {
 		return nil, fmt.Errorf("list AddressBlocks: %w", err)
 	}
+	uids := map[string]types.UID{}
 	out := make([]store.Block, 0, len(list.Items))
-	for _, b := range list.Items {
-		if blk, ok := blockOf(&b); ok {
-			out = append(out, blk)
+	for i := range list.Items {
+		b := &list.Items[i]
+		blk, ok := blockOf(b)
+		if !ok {
+			continue
 		}
+		uid, seen := uids[blk.Pool]
+		if !seen {
+			uid = s.poolUID(ctx, blk.Pool)
+			uids[blk.Pool] = uid
+		}
+		if !ofPool(b, uid) {
+			blk.Node = ""
+		}
+		out = append(out, blk)
 	}
 	slices.SortFunc(out, func(a, b store.Block) int {
 		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Index, b.Index))
@@ -53,69 +58,216 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]store.Block, err
 	return out, nil
 }
 
+// blockOf reads a block: its owner is nodeName, or for a block of the
+// retired BlockRequest protocol (no nodeName yet) its node label.
 func blockOf(b *skeinv1.AddressBlock) (store.Block, bool) {
-	pool, node := b.Labels[skeinv1.LabelPool], b.Labels[skeinv1.LabelNode]
+	pool, node := b.Labels[skeinv1.LabelPool], ownerOf(b)
 	if pool == "" || node == "" || b.Index < 0 || b.Index > int64(^uint32(0)) {
 		return store.Block{}, false
 	}
 	return store.Block{Pool: pool, Index: uint32(b.Index), Node: node}, true
 }
 
-// ClaimBlock cannot pick a block in Kubernetes mode (GrantBlock asks the
-// controller instead). It answers only for a block this node owns already
-// (Restore on start, a static address in a block the node does not hold in
-// memory): the block, or store.ErrConflict when it is not this node's.
-//
-// It reads the API server, not the cache: a block this node has just
-// freed may linger in the cache, and taking it again from there would
-// hand out addresses of a block the controller may give another node. It
-// is rare (once per block on start), so the read costs little.
-func (s *Store) ClaimBlock(ctx context.Context, pool, node string, _ uint32, want *uint32, _ func(uint32) bool) (store.Block, error) {
-	if want == nil {
-		return store.Block{}, fmt.Errorf("claim a block of pool %q: in kubernetes mode skein-controller chooses blocks: %w", pool, store.ErrConflict)
+// ownerOf is the node a block belongs to; "" when its nodeName and node
+// label disagree (nobody's: a label is not proof of ownership).
+func ownerOf(b *skeinv1.AddressBlock) string {
+	label := b.Labels[skeinv1.LabelNode]
+	switch {
+	case b.NodeName == "":
+		return label
+	case label != "" && label != b.NodeName:
+		return ""
 	}
-	b := &skeinv1.AddressBlock{}
-	err := s.client.Get(ctx, client.ObjectKey{Name: skeinv1.BlockName(pool, *want)}, b)
-	if err == nil {
-		if blk, ok := blockOf(b); ok && blk.Node == node && blk.Pool == pool && b.DeletionTimestamp.IsZero() {
-			return blk, nil
-		}
-		if owner := b.Labels[skeinv1.LabelNode]; owner != node {
-			return store.Block{Pool: pool, Index: *want, Node: owner},
-				fmt.Errorf("block %d of pool %q is node %q's: %w", *want, pool, owner, store.ErrConflict)
-		}
-	} else if !apierrors.IsNotFound(err) {
-		return store.Block{}, fmt.Errorf("get AddressBlock %s: %w", skeinv1.BlockName(pool, *want), err)
-	}
-	return store.Block{Pool: pool, Index: *want},
-		fmt.Errorf("block %d of pool %q is not node %q's, and in kubernetes mode skein-controller chooses blocks: %w", *want, pool, node, store.ErrConflict)
+	return b.NodeName
 }
 
-// ReleaseBlock deletes the block and removes its finalizer, so it is gone
-// at once. nil when the block is gone already; store.ErrConflict when
-// another node owns it.
+// ofPool reports whether b belongs to the life of its pool with uid (no
+// owner reference to an AddressPool, or an unknown uid, counts as yes).
+func ofPool(b *skeinv1.AddressBlock, uid types.UID) bool {
+	if uid == "" {
+		return true
+	}
+	for _, ref := range b.OwnerReferences {
+		if ref.Kind == "AddressPool" && ref.APIVersion == skeinv1.GroupVersion.String() {
+			return ref.UID == uid
+		}
+	}
+	return true
+}
+
+func (s *Store) poolUID(ctx context.Context, pool string) types.UID {
+	p := &skeinv1.AddressPool{}
+	if err := s.cache.Get(ctx, client.ObjectKey{Name: pool}, p); err != nil {
+		return ""
+	}
+	return p.UID
+}
+
+// ClaimBlock claims block *want of pool for node: one create of the
+// AddressBlock "<pool>-<index>". The API server's create-if-absent is the
+// lock: created means the node owns the block from now on; an existing
+// block is store.ErrConflict (the returned Block names its owner) unless
+// it is this node's already and not being deleted (a claim whose answer
+// was lost, or Restore on start). The pool is then read past the cache:
+// a pool deleted or re-created while the create was in flight gets no
+// block (it is deleted again at once). Without want it refuses: the
+// Manager chooses indices.
+func (s *Store) ClaimBlock(ctx context.Context, pool, node string, _ uint32, want *uint32, _ func(uint32) bool) (_ store.Block, err error) {
+	if node != s.node {
+		return store.Block{}, fmt.Errorf("claim a block for node %q: this store is node %q's", node, s.node)
+	}
+	if want == nil {
+		return store.Block{}, fmt.Errorf("claim a block of pool %q: a node claims blocks by index: %w", pool, store.ErrConflict)
+	}
+	start := time.Now()
+	defer func() { s.m.observeClaim(pool, time.Since(start), err) }()
+	p := &skeinv1.AddressPool{}
+	if err := s.cache.Get(ctx, client.ObjectKey{Name: pool}, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return store.Block{}, fmt.Errorf("%w: no AddressPool %q", ipam.ErrPoolNotFound, pool)
+		}
+		return store.Block{}, fmt.Errorf("get AddressPool %q: %w", pool, err)
+	}
+	if !p.DeletionTimestamp.IsZero() {
+		return store.Block{}, fmt.Errorf("%w: AddressPool %q is being deleted", ipam.ErrPoolNotFound, pool)
+	}
+	b, err := s.blockObject(p, *want)
+	if err != nil {
+		return store.Block{}, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	err = s.client.Create(cctx, b)
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		s.m.conflicts.Inc()
+		return s.existing(ctx, pool, *want)
+	case err != nil && cctx.Err() != nil && ctx.Err() == nil:
+		// The create may still have happened: the Manager adopts the block
+		// when it shows up (its node is this one), so it does not leak.
+		return store.Block{}, fmt.Errorf("%w: create AddressBlock %s: no answer within %v: %v", ipam.ErrTryAgain, b.Name, s.timeout, err)
+	case err != nil:
+		return store.Block{}, fmt.Errorf("create AddressBlock %s: %w", b.Name, err)
+	}
+	s.own(b.Name, b.UID)
+	if err := s.poolStillThere(ctx, p); err != nil {
+		if rerr := s.ReleaseBlock(context.WithoutCancel(ctx), pool, *want, node); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return store.Block{}, err
+	}
+	return store.Block{Pool: pool, Index: *want, Node: node}, nil
+}
+
+// blockObject is the AddressBlock of index in pool p for this node.
+func (s *Store) blockObject(p *skeinv1.AddressPool, index uint32) (*skeinv1.AddressBlock, error) {
+	def, err := poolOf(p)
+	if err != nil {
+		return nil, err
+	}
+	geo, err := ipam.NewGeometry(def.Subnets, def.BlockSizeBits, def.Reserved)
+	if err != nil {
+		return nil, fmt.Errorf("AddressPool %s: %w", p.Name, err)
+	}
+	if index >= geo.Blocks() {
+		return nil, fmt.Errorf("block %d of pool %q: the pool has %d blocks", index, p.Name, geo.Blocks())
+	}
+	b := &skeinv1.AddressBlock{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:       skeinv1.BlockName(p.Name, index),
+			Labels:     map[string]string{skeinv1.LabelPool: p.Name, skeinv1.LabelNode: s.node},
+			Finalizers: []string{skeinv1.FinalizerBlock},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool", Name: p.Name, UID: p.UID,
+				BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+		NodeName: s.node,
+		Index:    int64(index),
+	}
+	v4, v6 := geo.BlockPrefixes(index)
+	if v4.IsValid() {
+		b.IPv4 = ptr.To(v4.String())
+	}
+	if v6.IsValid() {
+		b.IPv6 = ptr.To(v6.String())
+	}
+	return b, nil
+}
+
+// existing answers a claim refused because block index of pool exists:
+// the block when it is this node's and live, ErrConflict otherwise.
+func (s *Store) existing(ctx context.Context, pool string, index uint32) (store.Block, error) {
+	name := skeinv1.BlockName(pool, index)
+	b := &skeinv1.AddressBlock{}
+	if err := s.client.Get(ctx, client.ObjectKey{Name: name}, b); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Deleted since: the index is free again, but this claim lost.
+			return store.Block{Pool: pool, Index: index}, fmt.Errorf("block %d of pool %q was taken and freed meanwhile: %w", index, pool, store.ErrConflict)
+		}
+		return store.Block{}, fmt.Errorf("get AddressBlock %s: %w", name, err)
+	}
+	owner := ownerOf(b)
+	if owner == s.node && b.DeletionTimestamp.IsZero() && ofPool(b, s.poolUID(ctx, pool)) {
+		if b.NodeName == "" {
+			if err := s.adoptOne(ctx, b); err != nil {
+				return store.Block{}, err
+			}
+		}
+		s.own(name, b.UID)
+		return store.Block{Pool: pool, Index: index, Node: owner}, nil
+	}
+	return store.Block{Pool: pool, Index: index, Node: owner},
+		fmt.Errorf("block %d of pool %q is node %q's: %w", index, pool, owner, store.ErrConflict)
+}
+
+// poolStillThere reads pool p past the cache after a claim: an error when
+// it is gone, re-created (another UID) or being deleted.
+func (s *Store) poolStillThere(ctx context.Context, p *skeinv1.AddressPool) error {
+	live := &skeinv1.AddressPool{}
+	err := s.client.Get(ctx, client.ObjectKeyFromObject(p), live)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w: AddressPool %q was deleted while a block of it was claimed", ipam.ErrPoolNotFound, p.Name)
+	case err != nil:
+		return fmt.Errorf("read AddressPool %q after a claim: %w", p.Name, err)
+	case live.UID != p.UID:
+		return fmt.Errorf("%w: AddressPool %q was re-created while a block of it was claimed", ipam.ErrTryAgain, p.Name)
+	case !live.DeletionTimestamp.IsZero():
+		return fmt.Errorf("%w: AddressPool %q is being deleted", ipam.ErrPoolNotFound, p.Name)
+	}
+	return nil
+}
+
+// ReleaseBlock deletes the block (with a UID precondition: a block of
+// the same name made since by another node is not touched) and removes
+// its finalizer, so it is gone at once. nil when the block is gone
+// already; store.ErrConflict when another node owns it.
 func (s *Store) ReleaseBlock(ctx context.Context, pool string, index uint32, node string) error {
 	name := skeinv1.BlockName(pool, index)
 	b := &skeinv1.AddressBlock{}
-	if err := s.cache.Get(ctx, client.ObjectKey{Name: name}, b); err != nil {
+	if err := s.client.Get(ctx, client.ObjectKey{Name: name}, b); err != nil {
 		if apierrors.IsNotFound(err) {
+			s.disown(name, "")
 			return nil
 		}
 		return fmt.Errorf("get AddressBlock %s: %w", name, err)
 	}
-	if owner := b.Labels[skeinv1.LabelNode]; owner != node {
+	if owner := ownerOf(b); owner != node {
+		s.disown(name, "")
 		return fmt.Errorf("AddressBlock %s is node %q's, not %q's: %w", name, owner, node, store.ErrConflict)
 	}
 	// Delete first: a block with a deletion timestamp is visibly being
-	// freed; if skeind dies before the finalizer is removed, the next
-	// start finds the block unused and comes here again.
+	// freed (and owned by nobody); if skeind dies before the finalizer is
+	// removed, the next start finds it and comes here again.
+	s.disown(name, "")
 	uid := b.UID
 	err := s.client.Delete(ctx, b, client.Preconditions{UID: &uid})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete AddressBlock %s: %w", name, err)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil // gone, or another block of that name: not ours
 	}
-	if apierrors.IsNotFound(err) {
-		return nil
+	if err != nil {
+		return fmt.Errorf("delete AddressBlock %s: %w", name, err)
 	}
 	return s.dropFinalizer(ctx, b)
 }
@@ -131,8 +283,8 @@ func (s *Store) dropFinalizer(ctx context.Context, b *skeinv1.AddressBlock) erro
 		if i < 0 {
 			return nil
 		}
-		patch := fmt.Sprintf(`[{"op":"test","path":"/metadata/finalizers/%d","value":%q},{"op":"remove","path":"/metadata/finalizers/%d"}]`,
-			i, skeinv1.FinalizerBlock, i)
+		patch := fmt.Sprintf(`[{"op":"test","path":"/metadata/uid","value":%q},{"op":"test","path":"/metadata/finalizers/%d","value":%q},{"op":"remove","path":"/metadata/finalizers/%d"}]`,
+			b.UID, i, skeinv1.FinalizerBlock, i)
 		err := s.client.Patch(ctx, b.DeepCopy(), client.RawPatch(types.JSONPatchType, []byte(patch)))
 		switch {
 		case err == nil, apierrors.IsNotFound(err):
@@ -142,6 +294,9 @@ func (s *Store) dropFinalizer(ctx context.Context, b *skeinv1.AddressBlock) erro
 			if gerr := s.client.Get(ctx, client.ObjectKeyFromObject(b), fresh); gerr != nil {
 				return client.IgnoreNotFound(gerr)
 			}
+			if fresh.UID != b.UID {
+				return nil // another block of that name
+			}
 			b = fresh
 		default:
 			return fmt.Errorf("remove the finalizer of AddressBlock %s: %w", b.Name, err)
@@ -149,109 +304,103 @@ func (s *Store) dropFinalizer(ctx context.Context, b *skeinv1.AddressBlock) erro
 	}
 }
 
-// GrantBlock asks skein-controller for a block of pool: it creates a
-// BlockRequest, waits for it to be answered (at most the grant timeout),
-// waits for the AddressBlock to reach the cache, and deletes the request
-// whatever the outcome.
-func (s *Store) GrantBlock(ctx context.Context, pool, node string) (_ store.Block, err error) {
+// adoptOld gives this node's blocks of the retired BlockRequest protocol
+// (the node label, no nodeName) their nodeName, so that they are owned
+// the way new ones are. It runs once at start.
+func (s *Store) adoptOld(ctx context.Context) error {
+	var list skeinv1.AddressBlockList
+	if err := s.cache.List(ctx, &list, client.MatchingLabels{skeinv1.LabelNode: s.node}); err != nil {
+		return fmt.Errorf("list AddressBlocks: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		b := &list.Items[i]
+		if b.NodeName != "" || !b.DeletionTimestamp.IsZero() {
+			continue
+		}
+		errs = append(errs, s.adoptOne(ctx, b.DeepCopy()))
+	}
+	return errors.Join(errs...)
+}
+
+// adoptOne sets b's nodeName to this node (an update with b's resource
+// version: a change meanwhile fails it).
+func (s *Store) adoptOne(ctx context.Context, b *skeinv1.AddressBlock) error {
+	b.NodeName = s.node
+	if err := s.client.Update(ctx, b); err != nil {
+		return fmt.Errorf("adopt AddressBlock %s of the BlockRequest protocol: %w", b.Name, err)
+	}
+	return nil
+}
+
+// Owns reports whether block index of pool is node's (this Store's node)
+// as far as the Store has seen: created by its claim, or seen in the cache
+// with this node as owner, and not deleted or given to another node since.
+func (s *Store) Owns(pool string, index uint32, node string) bool {
 	if node != s.node {
-		return store.Block{}, fmt.Errorf("grant a block to node %q: this store is node %q's", node, s.node)
+		return false
 	}
-	if _, err := s.GetPool(ctx, pool); errors.Is(err, store.ErrNotFound) {
-		return store.Block{}, fmt.Errorf("%w: no AddressPool %q", ipam.ErrPoolNotFound, pool)
-	}
-	start := time.Now()
-	defer func() { s.m.observeGrant(pool, time.Since(start), err) }()
-	br := &skeinv1.BlockRequest{
-		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: node + "-",
-			Labels:       map[string]string{skeinv1.LabelNode: node, skeinv1.LabelPool: pool},
-		},
-		Spec: skeinv1.BlockRequestSpec{NodeName: node, PoolName: pool},
-	}
-	if ref := s.nodeOwner(ctx); ref != nil {
-		br.OwnerReferences = []metav1.OwnerReference{*ref}
-	}
-	if err := s.client.Create(ctx, br); err != nil {
-		return store.Block{}, fmt.Errorf("create BlockRequest for pool %q: %w", pool, err)
-	}
-	defer func() {
-		// The request has done its work, or failed: it goes either way, so
-		// nothing is left behind.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if derr := s.client.Delete(dctx, br); derr != nil && !apierrors.IsNotFound(derr) && err == nil {
-			err = fmt.Errorf("delete BlockRequest %s: %w", br.Name, derr)
-		}
-	}()
-	wctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	blk, err := s.await(wctx, br.Name, pool)
-	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		return store.Block{}, fmt.Errorf("%w: BlockRequest %s for pool %q not answered within %v (is skein-controller running?)",
-			ipam.ErrTryAgain, br.Name, pool, s.timeout)
-	}
-	return blk, err
+	s.ownMu.RLock()
+	defer s.ownMu.RUnlock()
+	_, ok := s.owned[skeinv1.BlockName(pool, index)]
+	return ok
 }
 
-// await polls the cache until request name is answered and, when it is
-// Complete, its block is in the cache.
-func (s *Store) await(ctx context.Context, name, pool string) (store.Block, error) {
-	t := time.NewTicker(pollEvery)
-	defer t.Stop()
-	for {
-		br := &skeinv1.BlockRequest{}
-		if err := s.cache.Get(ctx, client.ObjectKey{Name: name}, br); err == nil {
-			if c := meta.FindStatusCondition(br.Status.Conditions, skeinv1.ConditionFailed); c != nil && c.Status == metav1.ConditionTrue {
-				return store.Block{}, failure(name, pool, c)
-			}
-			if meta.IsStatusConditionTrue(br.Status.Conditions, skeinv1.ConditionComplete) {
-				b := &skeinv1.AddressBlock{}
-				if err := s.cache.Get(ctx, client.ObjectKey{Name: br.Status.AddressBlockName}, b); err == nil {
-					blk, ok := blockOf(b)
-					if !ok || blk.Node != s.node || blk.Pool != pool {
-						return store.Block{}, fmt.Errorf("BlockRequest %s was answered with AddressBlock %s, which is not node %q's block of pool %q",
-							name, b.Name, s.node, pool)
-					}
-					return blk, nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return store.Block{}, ctx.Err()
-		case <-t.C:
-		}
-	}
+// own records that this node owns block name (uid).
+func (s *Store) own(name string, uid types.UID) {
+	s.ownMu.Lock()
+	s.owned[name] = uid
+	s.ownMu.Unlock()
 }
 
-// failure maps a Failed condition onto ipam's errors.
-func failure(name, pool string, c *metav1.Condition) error {
-	var kind error
-	switch c.Reason {
-	case skeinv1.ReasonPoolExhausted:
-		kind = ipam.ErrExhausted
-	case skeinv1.ReasonPoolNotFound:
-		kind = ipam.ErrPoolNotFound
+// disown forgets block name; with a uid, only that life of it.
+func (s *Store) disown(name string, uid types.UID) {
+	s.ownMu.Lock()
+	if cur, ok := s.owned[name]; ok && (uid == "" || cur == uid) {
+		delete(s.owned, name)
+	}
+	s.ownMu.Unlock()
+}
+
+// observeBlock keeps the owned set in step with what the cache sees of a
+// block, and tells the Manager about changes of this node's blocks.
+func (s *Store) observeBlock(b *skeinv1.AddressBlock, deleted bool) {
+	mine := ownerOf(b) == s.node
+	switch {
+	case deleted:
+		s.disown(b.Name, b.UID)
+	case mine && b.DeletionTimestamp.IsZero():
+		s.own(b.Name, b.UID)
 	default:
-		kind = ipam.ErrInvalidPool
+		s.disown(b.Name, "") // being deleted, or another node's now
 	}
-	return fmt.Errorf("%w: BlockRequest %s for pool %q failed: %s: %s", kind, name, pool, c.Reason, c.Message)
+	if mine || b.Labels[skeinv1.LabelNode] == s.node {
+		s.notify(b.Labels[skeinv1.LabelPool])
+	}
 }
 
-// nodeOwner returns an owner reference to this node's Node object, looked
-// up once it exists (a read; the request is not refused without one, so
-// skeind also runs where nodes are not Node objects, as in tests).
-func (s *Store) nodeOwner(ctx context.Context) *metav1.OwnerReference {
-	s.ownerMu.Lock()
-	defer s.ownerMu.Unlock()
-	if s.owner != nil {
-		return s.owner
+func (s *Store) notify(pool string) {
+	s.watchMu.Lock()
+	f := s.changed
+	s.watchMu.Unlock()
+	if f != nil && pool != "" {
+		f(pool)
 	}
-	n := &corev1.Node{}
-	if err := s.client.Get(ctx, client.ObjectKey{Name: s.node}, n); err != nil {
-		return nil
-	}
-	s.owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID, BlockOwnerDeletion: ptr.To(false)}
-	return s.owner
+}
+
+// Watch registers changed: it is called with a pool's name when the pool
+// or one of this node's blocks of it changes in the cache.
+func (s *Store) Watch(changed func(pool string)) {
+	s.watchMu.Lock()
+	s.changed = changed
+	s.watchMu.Unlock()
+}
+
+// BlockLost is the Manager's report of a block of this node's that is not
+// its own any more: counted, and told on the node's Node object as a
+// Warning event (when there is one).
+func (s *Store) BlockLost(pool string, index uint32, held int) {
+	s.m.lost.WithLabelValues(pool).Inc()
+	s.event("BlockLost", fmt.Sprintf("AddressBlock %s is no longer this node's (deleted or given to another node) while %d of its addresses are in use here: no address is handed out from it again",
+		skeinv1.BlockName(pool, index), held))
 }

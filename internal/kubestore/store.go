@@ -3,14 +3,23 @@
 // the node's embedded store.
 //
 // Pools are AddressPool objects, read through an informer; skeind never
-// writes them. A node's blocks are the AddressBlocks labelled
-// skein.dev/node=<node>. When the node needs a block it creates a
-// BlockRequest, waits (bounded) for skein-controller to carve the block,
-// and deletes the request (GrantBlock); it frees a block by deleting it and
-// removing its finalizer (ReleaseBlock). Everything a pod ADD or DEL reads
-// comes from the informer caches and the local store, so while the node's
-// blocks have room an ADD or DEL makes no API request at all; the
-// skein_api_requests_total counter shows it.
+// writes them. A node's blocks are the AddressBlocks whose nodeName is the
+// node. The node claims a block itself (ClaimBlock): one create of the
+// AddressBlock "<pool>-<index>", which the API server refuses when the
+// name exists — create-if-absent is the lock, and no controller is in the
+// path. It frees a block by deleting it with a UID precondition and
+// removing its finalizer (ReleaseBlock). The Store implements
+// ipam.ClusterStore: it proves ownership from what it created and what its
+// cache sees (Owns) and tells the Manager when a pool or one of its
+// node's blocks changes (Watch).
+//
+// While it runs, the Store renews the node's liveness Lease
+// (skeinv1.NodeLeaseName) so that skein-controller never takes the blocks
+// of a live node, even one whose Node object was deleted.
+//
+// Everything a pod ADD or DEL reads comes from the informer caches and the
+// local store, so while the node's blocks have room an ADD or DEL makes no
+// API request at all; the skein_api_requests_total counter shows it.
 package kubestore
 
 import (
@@ -24,11 +33,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,9 +47,17 @@ import (
 	"github.com/skeinnet/skein/internal/store"
 )
 
-// DefaultGrantTimeout bounds the wait for skein-controller to answer a
-// BlockRequest.
+// DefaultGrantTimeout bounds one block claim (a create) and so an ADD that
+// needs one.
 const DefaultGrantTimeout = 10 * time.Second
+
+// DefaultLeaseNamespace is where nodes' liveness Leases live (skein's
+// namespace in deploy/kubernetes).
+const DefaultLeaseNamespace = "skein-system"
+
+// DefaultLeaseDuration is a node Lease's leaseDurationSeconds; the Store
+// renews it every quarter of that.
+const DefaultLeaseDuration = 40 * time.Second
 
 // ErrReadOnly: skeind does not create or delete pools in Kubernetes mode.
 var ErrReadOnly = errors.New("pools are AddressPool objects in kubernetes mode; manage them with kubectl")
@@ -54,17 +72,22 @@ type Options struct {
 	// it. A Bolt store must be opened with AttachmentsOnly (its file has no
 	// pools in this mode).
 	Local store.Store
-	// GrantTimeout bounds GrantBlock's wait; 0 = DefaultGrantTimeout.
+	// GrantTimeout bounds one claim (the create of a block); 0 =
+	// DefaultGrantTimeout.
 	GrantTimeout time.Duration
+	// LeaseNamespace holds the node's liveness Lease; "" =
+	// DefaultLeaseNamespace. LeaseDuration is its duration; 0 =
+	// DefaultLeaseDuration, negative = no Lease (tools, benchmarks).
+	LeaseNamespace string
+	LeaseDuration  time.Duration
 	// SyncTimeout bounds the wait for the informer caches in New; 0 = 1 minute.
 	SyncTimeout time.Duration
-	// Cache, if set, is read instead of informers of the Store's own: many
-	// Stores in one process (the scale benchmark's simulated nodes) can
-	// share one. It must hold AddressPools, Namespaces, and the
-	// AddressBlocks and BlockRequests of every node it serves (the Store
-	// filters by its node's label); the caller starts it, waits for it to
-	// sync, and stops it after closing the Stores. Nil: New starts
-	// informers for this node alone, as skeind does.
+	// Cache, if set, is read instead of informers of the Store's own:
+	// skeind shares one cache among its parts, and many Stores in one
+	// process (the scale benchmark's simulated nodes) can share one. It
+	// must hold AddressPools, Namespaces and every AddressBlock; the
+	// caller starts it, waits for it to sync, and stops it after closing
+	// the Stores. Nil: New starts informers of its own.
 	Cache cache.Cache
 }
 
@@ -83,11 +106,22 @@ type Store struct {
 
 	ownerMu sync.Mutex
 	owner   *metav1.OwnerReference // this node's Node object, once found
+
+	// owned are this node's blocks (name → UID) as far as the Store can
+	// prove: its own creates, and what the cache shows since.
+	ownMu sync.RWMutex
+	owned map[string]types.UID
+
+	watchMu sync.Mutex
+	changed func(pool string)
+
+	lease *leaseKeeper
+	done  chan struct{} // closed by Close: ends the Store's goroutines
 }
 
 var (
 	_ store.Store       = (*Store)(nil)
-	_ ipam.BlockGranter = (*Store)(nil)
+	_ ipam.ClusterStore = (*Store)(nil)
 )
 
 // Scheme knows the kinds the Store reads and writes.
@@ -124,22 +158,94 @@ func New(ctx context.Context, o Options) (_ *Store, err error) {
 			return nil, err
 		}
 	}
-	s := &Store{Store: o.Local, node: o.Node, host: cfg.Host, timeout: o.GrantTimeout, cache: c, client: cl, stop: stop, m: m}
+	s := &Store{Store: o.Local, node: o.Node, host: cfg.Host, timeout: o.GrantTimeout, cache: c, client: cl, stop: stop, m: m,
+		owned: map[string]types.UID{}, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			close(s.done)
+			stop()
+		}
+	}()
+	if err := s.watch(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.adoptOld(ctx); err != nil {
+		return nil, err
+	}
 	s.nodeOwner(ctx)
+	if o.LeaseDuration >= 0 {
+		s.lease = newLeaseKeeper(s, o.LeaseNamespace, o.LeaseDuration)
+		s.lease.renew(ctx) // first one now: the node is live before it serves
+		go s.lease.run(s.done)
+	}
 	return s, nil
+}
+
+// watch follows pools and blocks in the cache: the owned set, and the
+// Manager's Watch callback. The handlers' initial adds fill the owned set
+// before New returns.
+func (s *Store) watch(ctx context.Context) error {
+	blocks, err := s.cache.GetInformer(ctx, &skeinv1.AddressBlock{})
+	if err != nil {
+		return fmt.Errorf("informer for AddressBlocks: %w", err)
+	}
+	reg, err := blocks.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.onBlock(o, false) },
+		UpdateFunc: func(_, o any) { s.onBlock(o, false) },
+		DeleteFunc: func(o any) { s.onBlock(o, true) },
+	})
+	if err != nil {
+		return fmt.Errorf("watch AddressBlocks: %w", err)
+	}
+	pools, err := s.cache.GetInformer(ctx, &skeinv1.AddressPool{})
+	if err != nil {
+		return fmt.Errorf("informer for AddressPools: %w", err)
+	}
+	preg, err := pools.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.onPool(o) },
+		UpdateFunc: func(_, o any) { s.onPool(o) },
+		DeleteFunc: func(o any) { s.onPool(o) },
+	})
+	if err != nil {
+		return fmt.Errorf("watch AddressPools: %w", err)
+	}
+	go func() {
+		<-s.done
+		_ = blocks.RemoveEventHandler(reg)
+		_ = pools.RemoveEventHandler(preg)
+	}()
+	for !reg.HasSynced() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func (s *Store) onBlock(o any, deleted bool) {
+	if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	if b, ok := o.(*skeinv1.AddressBlock); ok {
+		s.observeBlock(b, deleted)
+	}
+}
+
+func (s *Store) onPool(o any) {
+	if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	if p, ok := o.(*skeinv1.AddressPool); ok {
+		s.notify(p.Name)
+	}
 }
 
 // startCache starts informers for pools, namespaces, and node o.Node's
 // blocks and requests, and waits until they have synced; stop ends them.
 func startCache(ctx context.Context, cfg *rest.Config, o Options) (_ cache.Cache, stop context.CancelFunc, err error) {
-	mine := labels.SelectorFromSet(labels.Set{skeinv1.LabelNode: o.Node})
-	c, err := cache.New(cfg, cache.Options{
-		Scheme: Scheme,
-		ByObject: map[client.Object]cache.ByObject{
-			&skeinv1.AddressBlock{}: {Label: mine},
-			&skeinv1.BlockRequest{}: {Label: mine},
-		},
-	})
+	c, err := cache.New(cfg, cache.Options{Scheme: Scheme, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes cache: %w", err)
 	}
@@ -149,7 +255,7 @@ func startCache(ctx context.Context, cfg *rest.Config, o Options) (_ cache.Cache
 			stop()
 		}
 	}()
-	for _, obj := range []client.Object{&skeinv1.AddressPool{}, &skeinv1.AddressBlock{}, &skeinv1.BlockRequest{}, &corev1.Namespace{}} {
+	for _, obj := range []client.Object{&skeinv1.AddressPool{}, &skeinv1.AddressBlock{}, &corev1.Namespace{}} {
 		if _, err := c.GetInformer(runCtx, obj); err != nil {
 			return nil, nil, fmt.Errorf("informer for %T: %w", obj, err)
 		}
@@ -158,7 +264,7 @@ func startCache(ctx context.Context, cfg *rest.Config, o Options) (_ cache.Cache
 	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
 	defer cancel()
 	if !c.WaitForCacheSync(syncCtx) {
-		return nil, nil, fmt.Errorf("kubernetes caches of %s did not sync within %v (is the API server reachable, and may this node list AddressPools, AddressBlocks, BlockRequests and Namespaces?)", cfg.Host, o.SyncTimeout)
+		return nil, nil, fmt.Errorf("kubernetes caches of %s did not sync within %v (is the API server reachable, and may this node list AddressPools, AddressBlocks and Namespaces?)", cfg.Host, o.SyncTimeout)
 	}
 	return c, stop, nil
 }
@@ -168,9 +274,18 @@ func (s *Store) Describe() string {
 	return fmt.Sprintf("kubernetes %s (node %s), attachments in %s", s.host, s.node, s.Store.Describe())
 }
 
-// Close stops the informers (not an injected Options.Cache) and closes
-// the local store.
+// Close stops the Lease's renewal (the Lease stays, and expires: the
+// node's blocks are kept through a restart), the informers (not an
+// injected Options.Cache) and closes the local store.
 func (s *Store) Close() error {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	if s.lease != nil {
+		s.lease.wait()
+	}
 	s.stop()
 	return s.Store.Close()
 }
@@ -224,7 +339,7 @@ func (s *Store) ListPools(ctx context.Context) ([]store.Pool, error) {
 // pairs them the same way).
 func poolOf(p *skeinv1.AddressPool) (store.Pool, error) {
 	out := store.Pool{Name: p.Name, BlockSizeBits: int(p.Spec.BlockSizeBits), Reserved: p.Spec.Reserved,
-		Created: p.CreationTimestamp.UTC()}
+		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero()}
 	for i, e := range p.Spec.Subnets {
 		for _, sub := range []*string{e.IPv4, e.IPv6} {
 			if sub == nil {
@@ -240,13 +355,24 @@ func poolOf(p *skeinv1.AddressPool) (store.Pool, error) {
 	return out, nil
 }
 
-// PoolForNamespace returns the skein.dev/pool annotation of namespace ns,
-// from the informer cache; false when the namespace is unknown or has none.
-func (s *Store) PoolForNamespace(ctx context.Context, ns string) (string, bool) {
+// PoolForNamespace returns the skein.dev/pool annotation of namespace ns:
+// false when it has none. A namespace the informer cache has not seen (a
+// namespace made a moment ago) is read from the API server: falling back
+// to the default pool would put a tenant's pod in a pool that is not its
+// own. An error when the namespace does not exist or cannot be read.
+func (s *Store) PoolForNamespace(ctx context.Context, ns string) (string, bool, error) {
 	n := &corev1.Namespace{}
-	if err := s.cache.Get(ctx, client.ObjectKey{Name: ns}, n); err != nil {
-		return "", false
+	err := s.cache.Get(ctx, client.ObjectKey{Name: ns}, n)
+	if apierrors.IsNotFound(err) {
+		s.m.liveReads.Inc()
+		err = s.client.Get(ctx, client.ObjectKey{Name: ns}, n)
+	}
+	if apierrors.IsNotFound(err) {
+		return "", false, fmt.Errorf("namespace %q does not exist: %w", ns, store.ErrNotFound)
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read namespace %q for its pool: %w", ns, err)
 	}
 	p, ok := n.Annotations[skeinv1.AnnotationPool]
-	return p, ok && p != ""
+	return p, ok && p != "", nil
 }

@@ -37,6 +37,13 @@ type Pool struct {
 	// hands out.
 	Reserved []string  `json:"reserved,omitempty"`
 	Created  time.Time `json:"created"`
+	// UID tells one life of a pool from another under the same name (the
+	// Kubernetes store: the AddressPool's UID); empty in the embedded store.
+	UID string `json:"uid,omitempty"`
+	// Deleting is set while the pool is being deleted (the Kubernetes
+	// store: a deletion timestamp, blocks still held): no block of it may
+	// be claimed.
+	Deleting bool `json:"deleting,omitempty"`
 }
 
 // Block is one slice of a pool, owned by one node. Index counts blocks

@@ -99,7 +99,10 @@ func TestContainerd(t *testing.T) {
 		t.Fatalf("no eth0 address in the result: %v", res)
 	}
 	id := "skein-" + harness.RandHex(4)
+	// runc's state under the test's own directory: its default root is
+	// /run/containerd/runc/<namespace>, on the host.
 	out, err := runErr(nil, c.ctr, "--address", c.sock, "-n", "skein-conformance", "run", "--rm", "--rootfs", "--fifo-dir", t.TempDir(),
+		"--runc-root", t.TempDir(),
 		"--with-ns", "network:"+ns.Path(), rootfs, id,
 		"/bin/sh", "-c", "ip -o addr show eth0; ip route; ping -c1 -W2 "+nodeAddr.String()+" >/dev/null && echo node-reachable")
 	if err != nil {

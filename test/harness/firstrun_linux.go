@@ -24,13 +24,17 @@ var WatchedDirs = []string{
 
 // FirstRunPaths are what those runtimes create on the first run ever on a
 // machine, whatever directories they are told to use: dockerd writes its
-// trust key to /etc/docker/key.json, and containerd's shims put their
-// sockets under /run/containerd/s. A machine where they ran before keeps
-// them; a fresh one did not have them. Deepest first: TidyFirstRun removes
-// them in this order.
+// trust key to /etc/docker/key.json, containerd's shims put their sockets
+// under /run/containerd/s, cnitool caches results under /var/lib/cni/results
+// (not configurable; the tests delete their own entries), and podman's CNI
+// backend leaves its lock in /etc/cni/net.d. A machine where they ran
+// before keeps them; a fresh one did not have them. Deepest first:
+// TidyFirstRun removes them in this order.
 var FirstRunPaths = []string{
 	"/etc/docker/key.json", "/etc/docker",
 	"/run/containerd/s", "/run/containerd",
+	"/var/lib/cni/results", "/var/lib/cni",
+	"/etc/cni/net.d/cni.lock",
 }
 
 // Existing returns which of paths exist now.

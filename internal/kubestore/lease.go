@@ -1,0 +1,150 @@
+package kubestore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+)
+
+// leaseKeeper renews the node's liveness Lease. skein-controller takes a
+// deleted Node's blocks back only once this Lease has expired, so that a
+// node that still runs (its Node deleted by `kubectl delete node`, or by a
+// cloud controller while it was NotReady) never loses its blocks to
+// another node.
+type leaseKeeper struct {
+	s         *Store
+	namespace string
+	duration  time.Duration
+	wg        sync.WaitGroup
+	warned    bool
+}
+
+func newLeaseKeeper(s *Store, namespace string, duration time.Duration) *leaseKeeper {
+	if namespace == "" {
+		namespace = DefaultLeaseNamespace
+	}
+	if duration == 0 {
+		duration = DefaultLeaseDuration
+	}
+	return &leaseKeeper{s: s, namespace: namespace, duration: duration}
+}
+
+// run renews the Lease every quarter of its duration until done closes.
+func (l *leaseKeeper) run(done <-chan struct{}) {
+	l.wg.Add(1)
+	defer l.wg.Done()
+	t := time.NewTicker(l.duration / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), l.duration/4)
+		l.renew(ctx)
+		cancel()
+	}
+}
+
+func (l *leaseKeeper) wait() { l.wg.Wait() }
+
+// renew creates the Lease or moves its renewTime to now. A failure is
+// logged (once until it works again) and retried at the next tick: the
+// Lease has three more chances before it expires.
+func (l *leaseKeeper) renew(ctx context.Context) {
+	err := l.renewOnce(ctx)
+	switch {
+	case err != nil && !l.warned:
+		slog.Warn("cannot renew this node's liveness Lease (skein-controller may take the blocks of a deleted Node once it expires)",
+			"lease", l.namespace+"/"+skeinv1.NodeLeaseName(l.s.node), "err", err)
+		l.warned = true
+	case err == nil && l.warned:
+		slog.Info("node liveness Lease renewed again", "lease", l.namespace+"/"+skeinv1.NodeLeaseName(l.s.node))
+		l.warned = false
+	}
+	if err != nil {
+		l.s.m.leaseErrors.Inc()
+	}
+}
+
+func (l *leaseKeeper) renewOnce(ctx context.Context) error {
+	now := metav1.NewMicroTime(time.Now())
+	name := skeinv1.NodeLeaseName(l.s.node)
+	lease := &coordinationv1.Lease{}
+	err := l.s.client.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: name}, lease)
+	if apierrors.IsNotFound(err) {
+		lease = &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: l.namespace, Name: name,
+				Labels: map[string]string{skeinv1.LabelNode: l.s.node}},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity:       ptr.To(l.s.node),
+				LeaseDurationSeconds: ptr.To(int32(l.duration / time.Second)),
+				AcquireTime:          &now,
+				RenewTime:            &now,
+			},
+		}
+		if err := l.s.client.Create(ctx, lease); err != nil {
+			return fmt.Errorf("create Lease %s/%s: %w", l.namespace, name, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get Lease %s/%s: %w", l.namespace, name, err)
+	}
+	lease.Spec.HolderIdentity = ptr.To(l.s.node)
+	lease.Spec.LeaseDurationSeconds = ptr.To(int32(l.duration / time.Second))
+	lease.Spec.RenewTime = &now
+	if err := l.s.client.Update(ctx, lease); err != nil {
+		return fmt.Errorf("renew Lease %s/%s: %w", l.namespace, name, err)
+	}
+	return nil
+}
+
+// nodeOwner returns a reference to this node's Node object, looked up once
+// it exists (a read; nil where nodes are not Node objects, as in tests).
+func (s *Store) nodeOwner(ctx context.Context) *metav1.OwnerReference {
+	s.ownerMu.Lock()
+	defer s.ownerMu.Unlock()
+	if s.owner != nil {
+		return s.owner
+	}
+	n := &corev1.Node{}
+	if err := s.client.Get(ctx, client.ObjectKey{Name: s.node}, n); err != nil {
+		return nil
+	}
+	s.owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID, BlockOwnerDeletion: ptr.To(false)}
+	return s.owner
+}
+
+// event posts a Warning event on this node's Node object, best effort.
+func (s *Store) event(reason, msg string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ref := s.nodeOwner(ctx)
+	if ref == nil {
+		return
+	}
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: s.node + ".", Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: ref.Name, UID: ref.UID, APIVersion: "v1"},
+		Reason:         reason, Message: msg, Type: corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "skeind", Host: s.node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	if err := s.client.Create(ctx, ev); err != nil {
+		slog.Warn("post event on the Node", "reason", reason, "err", err)
+	}
+}
