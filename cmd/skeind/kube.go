@@ -20,8 +20,10 @@ type kubeFlags struct {
 	store        string
 	kubeconfig   string
 	grantTimeout time.Duration
-	// leaseNamespace holds the node's liveness Lease.
+	// leaseNamespace holds the node's liveness Lease; leaseDuration is its
+	// duration (renewed every quarter of it).
 	leaseNamespace string
+	leaseDuration  time.Duration
 	// minBlockAge: how long an empty block is kept before it is given back.
 	minBlockAge time.Duration
 	// egress: follow pods' egress annotations (package podegress).
@@ -61,7 +63,7 @@ func (k kubeFlags) openStore(ctx context.Context, cfg daemon.Config) (store.Stor
 		return nil, err
 	}
 	st, err := kubestore.New(ctx, kubestore.Options{Config: rc, Node: cfg.Node, Local: local, GrantTimeout: k.grantTimeout,
-		LeaseNamespace: k.leaseNamespace})
+		LeaseNamespace: k.leaseNamespace, LeaseDuration: k.leaseDuration})
 	if err != nil {
 		local.Close()
 		return nil, err
