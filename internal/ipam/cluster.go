@@ -109,6 +109,18 @@ func (ps *poolState) free() uint32 {
 	return uint32(min(f, 1<<32-1))
 }
 
+// live is the number of blocks of ps this node holds and allocates from
+// or gives back (lost ones are not its own); the caller holds ps.mu.
+func (ps *poolState) live() int {
+	n := 0
+	for _, b := range ps.blocks {
+		if !b.lost {
+			n++
+		}
+	}
+	return n
+}
+
 // held is the number of addresses attachments hold in b.
 func (b *blockState) held() int {
 	n := 0
@@ -198,6 +210,10 @@ func (m *Manager) claimFor(ctx context.Context, ps *poolState, need *needBlock) 
 	if ps.deleting {
 		ps.mu.Unlock()
 		return fmt.Errorf("%w: pool %q is being deleted: no block of it is claimed", ErrPoolNotFound, ps.def.Name)
+	}
+	if limit := ps.def.MaxBlocksPerNode; limit > 0 && need.want == nil && ps.live() >= limit {
+		ps.mu.Unlock()
+		return fmt.Errorf("%w: node %q holds %d blocks of pool %q, its maxBlocksPerNode", ErrExhausted, m.node, limit, ps.def.Name)
 	}
 	name, geo := ps.def.Name, ps.geo
 	ranges := geo.usableBlocks(need.within, need.v6)

@@ -370,3 +370,24 @@ func TestClusterAdoptsLostClaim(t *testing.T) {
 		t.Fatalf("orphaned block %d still claimed after tending: %v", orphan, blocksOf(t, c.Bolt, "n1"))
 	}
 }
+
+// A node never holds more blocks of a pool than its maxBlocksPerNode,
+// spares included.
+func TestClusterMaxBlocksPerNode(t *testing.T) {
+	m, c := clusterSetup(t, []string{"10.0.0.0/24"}, 2)
+	ctx := context.Background()
+	c.setPool(&store.Pool{Name: "p", Subnets: prefixes("10.0.0.0/24"), BlockSizeBits: 2, UID: "uid-1", MaxBlocksPerNode: 2}, "p")
+	var err error
+	for n := 0; err == nil && n < 64; n++ {
+		_, err = m.Allocate(ctx, Request{Pool: "p"})
+	}
+	if !errors.Is(err, ErrExhausted) {
+		t.Fatalf("allocating past two blocks: %v, want ErrExhausted", err)
+	}
+	if _, err := m.tend(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := blocksOf(t, c.Bolt, "n1"); len(got) != 2 {
+		t.Fatalf("node holds blocks %v, want 2 (its maxBlocksPerNode)", got)
+	}
+}

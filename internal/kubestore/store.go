@@ -339,7 +339,8 @@ func (s *Store) ListPools(ctx context.Context) ([]store.Pool, error) {
 // pairs them the same way).
 func poolOf(p *skeinv1.AddressPool) (store.Pool, error) {
 	out := store.Pool{Name: p.Name, BlockSizeBits: int(p.Spec.BlockSizeBits), Reserved: p.Spec.Reserved,
-		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero()}
+		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero(),
+		MaxBlocksPerNode: p.Spec.MaxBlocks()}
 	for i, e := range p.Spec.Subnets {
 		for _, sub := range []*string{e.IPv4, e.IPv6} {
 			if sub == nil {
