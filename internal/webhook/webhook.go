@@ -127,6 +127,11 @@ func add(mgr manager.Manager, opts Options) (*rotator, error) {
 	if err := mgr.Add(r); err != nil {
 		return nil, fmt.Errorf("add webhook certificate rotator: %w", err)
 	}
+	// Ready means able to answer: a Service sends the API server's calls
+	// only to ready replicas.
+	if err := mgr.AddReadyzCheck("webhook-certificate", r.ready); err != nil {
+		return nil, fmt.Errorf("add the webhook's readiness check: %w", err)
+	}
 	if err := mgr.Add(srv); err != nil {
 		return nil, fmt.Errorf("add webhook server on %s: %w", net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)), err)
 	}

@@ -296,7 +296,11 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 		t.Fatalf("valid pool after rotation: %v", err)
 	}
 
-	// A damaged Secret is replaced by a fresh set on the next check.
+	// A damaged serving certificate is reissued from the current CA on the
+	// next check: the CAs, which the API server and other replicas trust,
+	// stay.
+	intact := secretSet(t, c)
+	bundleBefore := caBundle(t, c)
 	sec := &corev1.Secret{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: DefaultSecretName}, sec); err != nil {
 		t.Fatal(err)
@@ -311,6 +315,15 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 	fresh := secretSet(t, c)
 	if !bytes.Equal(caBundle(t, c), fresh.data[keyCABundle]) || served(t, port) != fresh.leaf.SerialNumber.String() {
 		t.Fatal("damaged Secret not replaced, patched and served")
+	}
+	if !fresh.ca.Equal(intact.ca) || !fresh.next.Equal(intact.next) || !bytes.Equal(caBundle(t, c), bundleBefore) {
+		t.Fatal("the CAs were replaced though only the serving certificate was damaged")
+	}
+	if err := r.ready(nil); err != nil {
+		t.Fatalf("ready with a certificate loaded: %v", err)
+	}
+	if err := (&rotator{}).ready(nil); err == nil {
+		t.Fatal("a replica with no certificate loaded reports ready")
 	}
 	waitServing(t, c)
 }
