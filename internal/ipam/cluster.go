@@ -37,6 +37,9 @@ type ClusterStore interface {
 	// waiting) with a pool's name when the pool or one of this node's
 	// blocks of it changes in the store. At most one is registered.
 	Watch(changed func(pool string))
+	// NodeBlocks lists node's blocks of pool (ListBlocks filtered, without
+	// reading every node's).
+	NodeBlocks(ctx context.Context, pool, node string) ([]store.Block, error)
 }
 
 // ClusterOptions tunes a Manager over a ClusterStore; the zero value is
@@ -360,7 +363,9 @@ func (m *Manager) Run(ctx context.Context) {
 			m.dirty[""] = true // everything
 			m.dirtyMu.Unlock()
 		}
-		m.tend(ctx, false)
+		if _, err := m.tend(ctx, false); err != nil && ctx.Err() == nil {
+			m.log.Warn("blocks: tending the pools failed (retried at the next change, or in a few seconds)", "err", err)
+		}
 	}
 }
 
@@ -532,7 +537,7 @@ func (b *blockState) free() uint32 {
 // back instead of leaking; and marks lost those it holds that the store
 // no longer says are its own.
 func (m *Manager) adopt(ctx context.Context, ps *poolState) error {
-	blocks, err := m.st.ListBlocks(ctx, ps.def.Name)
+	blocks, err := m.cluster.NodeBlocks(ctx, ps.def.Name, m.node)
 	if err != nil {
 		return err
 	}

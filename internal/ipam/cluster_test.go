@@ -42,6 +42,17 @@ func (c *clusterFake) Owns(pool string, index uint32, node string) bool {
 
 func (c *clusterFake) Watch(f func(string)) { c.changed = f }
 
+func (c *clusterFake) NodeBlocks(ctx context.Context, pool, node string) ([]store.Block, error) {
+	all, err := c.Bolt.ListBlocks(ctx, pool)
+	var out []store.Block
+	for _, b := range all {
+		if b.Node == node {
+			out = append(out, b)
+		}
+	}
+	return out, err
+}
+
 func (c *clusterFake) ClaimBlock(ctx context.Context, pool, node string, limit uint32, want *uint32, ok func(uint32) bool) (store.Block, error) {
 	c.mu.Lock()
 	hold := c.hold

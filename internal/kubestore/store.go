@@ -202,8 +202,19 @@ func (s *Store) watch(ctx context.Context) error {
 		return fmt.Errorf("informer for AddressPools: %w", err)
 	}
 	preg, err := pools.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { s.onPool(o) },
-		UpdateFunc: func(_, o any) { s.onPool(o) },
+		AddFunc: func(o any) { s.onPool(o) },
+		UpdateFunc: func(old, o any) {
+			// Status updates (the controller's counts) change nothing a
+			// node follows: only the spec (generation), the deletion
+			// timestamp and a new life (UID) do.
+			a, okA := old.(*skeinv1.AddressPool)
+			b, okB := o.(*skeinv1.AddressPool)
+			if okA && okB && a.Generation == b.Generation && a.UID == b.UID &&
+				a.DeletionTimestamp.IsZero() == b.DeletionTimestamp.IsZero() {
+				return
+			}
+			s.onPool(o)
+		},
 		DeleteFunc: func(o any) { s.onPool(o) },
 	})
 	if err != nil {
