@@ -67,13 +67,24 @@ func (s *Store) NodeBlocks(ctx context.Context, pool, node string) ([]store.Bloc
 	}
 	uid := s.poolUID(ctx, pool)
 	out := make([]store.Block, 0, len(list.Items))
+	var errs []error
 	for i := range list.Items {
 		b := &list.Items[i]
-		if blk, ok := blockOf(b); ok && blk.Node == node && ofPool(b, uid) {
-			out = append(out, blk)
+		blk, ok := blockOf(b)
+		if !ok || blk.Node != node || !ofPool(b, uid) {
+			continue
 		}
+		if !b.DeletionTimestamp.IsZero() {
+			// A release cut short between its two writes (the delete, then
+			// the finalizer): finish it, or the index stays taken forever.
+			if node == s.node {
+				errs = append(errs, s.dropFinalizer(ctx, b.DeepCopy()))
+			}
+			continue
+		}
+		out = append(out, blk)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // blockOf reads a block: its owner is nodeName, or for a block of the
