@@ -54,8 +54,8 @@ type WatchOptions struct {
 
 // CacheObjects are the kinds a Watcher reads and how a cache may hold
 // them, for a cache shared with others (WatchOptions.Cache): every
-// AddressBlock, and every Node kept slim. A cache holding full Nodes
-// works too.
+// AddressBlock (a zero ByObject: as it is, the cache's defaults), and
+// every Node kept slim. A cache holding full Nodes works too.
 func CacheObjects() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		&skeinv1.AddressBlock{}: {},
@@ -129,7 +129,7 @@ func NewWatcher(ctx context.Context, o WatchOptions) (_ *Watcher, err error) {
 		c, err = cache.New(o.Config, cache.Options{
 			Scheme:           scheme,
 			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject:         CacheObjects(),
+			ByObject:         configured(CacheObjects()),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes cache: %w", err)
@@ -347,4 +347,18 @@ func logger(l *slog.Logger) *slog.Logger {
 		return slog.Default()
 	}
 	return l
+}
+
+// configured leaves out the kinds without options: cache.New resolves
+// every kind of ByObject at once, and one whose CRD is missing should fail
+// where it is watched, with a message that says so.
+func configured(objs map[client.Object]cache.ByObject) map[client.Object]cache.ByObject {
+	out := map[client.Object]cache.ByObject{}
+	for obj, o := range objs {
+		if o.Namespaces != nil || o.Label != nil || o.Field != nil || o.Transform != nil || o.UnsafeDisableDeepCopy != nil ||
+			o.EnableWatchBookmarks != nil || o.SyncPeriod != nil {
+			out[obj] = o
+		}
+	}
+	return out
 }
