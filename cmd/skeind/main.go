@@ -23,7 +23,6 @@ import (
 	"github.com/skeinnet/skein/internal/kubestore"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
 	"github.com/skeinnet/skein/internal/logflags"
-	"github.com/skeinnet/skein/internal/podegress"
 )
 
 func main() {
@@ -122,44 +121,30 @@ func newCommand() *cobra.Command {
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
-			if final.Store, err = kf.openStore(ctx, final); err != nil {
+			kn, err := kf.openKube(ctx, &final, mode, log)
+			if err != nil {
 				return err
 			}
-			var nr *nodeRouting
-			var eg *podegress.Client
-			if kf.store == "kubernetes" {
-				rc, err := kf.restConfig(final.Node)
-				if err == nil {
-					nr, err = startRouting(ctx, &final, mode, rc, log)
-				}
-				if err == nil && kf.egress {
-					if eg, err = startEgress(ctx, &final, rc, nr.events, log); err != nil {
-						nr.stop()
-					}
-				}
-				if err != nil {
-					final.Store.Close()
-					return err
-				}
-			} else {
+			if kn == nil {
 				cleanLeftovers(ctx, final, log)
 			}
 			d, err := daemon.New(ctx, final)
 			if err != nil {
-				if eg != nil {
-					eg.Close()
-				}
-				if nr != nil {
-					nr.stop()
+				if kn != nil {
+					final.Store.Close()
+					kn.close()
 				}
 				return err
 			}
-			if nr != nil {
-				nr.run(ctx)
-				d.OnStop(nr.stop)
-			}
-			if eg != nil {
-				d.OnStop(eg.Close)
+			if kn != nil {
+				// The cache stops after the daemon (which closes the
+				// store after its OnStop functions).
+				defer kn.cache.stop()
+				kn.routing.run(ctx)
+				d.OnStop(kn.routing.stop)
+				if kn.egress != nil {
+					d.OnStop(kn.egress.Close)
+				}
 			}
 			if err := vmf.serve(ctx, d, final.Socket); err != nil {
 				d.Close()
