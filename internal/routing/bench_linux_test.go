@@ -1,6 +1,7 @@
 package routing_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,13 +88,18 @@ func BenchmarkSync1000Nodes(b *testing.B) {
 	}
 }
 
-// benchSource is a Source whose snapshot the benchmark sets.
+// benchSource is a Source whose snapshot the benchmark sets, sorted as a
+// Watcher's.
 type benchSource struct{ snap routing.Snapshot }
 
 func (s *benchSource) Snapshot(context.Context) (routing.Snapshot, error) { return s.snap, nil }
 func (s *benchSource) Changed() <-chan struct{}                           { return nil }
 
 func (s *benchSource) set(rs []routing.Remote) {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b routing.Remote) int {
+		return cmp.Or(a.Block.Addr().Compare(b.Block.Addr()), cmp.Compare(a.Block.Bits(), b.Block.Bits()), strings.Compare(a.Name, b.Name))
+	})
 	s.snap = routing.Snapshot{Remotes: rs, Nodes: map[string]routing.NodeInfo{}}
 	for _, r := range rs {
 		s.snap.Nodes[r.Node] = routing.NodeInfo{Name: r.Node, Addrs: r.NodeAddrs}
