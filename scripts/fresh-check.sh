@@ -12,8 +12,11 @@
 #      (/var/cache/skein, ~/.cache/skein, Go's build and module caches);
 #   2. clones this checkout's HEAD (committed work only) into a temporary
 #      directory;
-#   3. runs `make test` there twice in a row (each ends with the host
-#      check) and prints how long each took.
+#   3. runs `make demo` there, then `make test` twice in a row (each ends
+#      with the host check), each after the cleanup of step 1 again, so each
+#      meets what a machine where Docker, containerd, podman and cnitool
+#      never ran lacks (their first-run files, /run/netns), and prints how
+#      long each took.
 #
 # Exits non-zero if either run fails; their logs stay under the temporary
 # directory it prints. Refuses to start while tests run on this machine.
@@ -62,26 +65,29 @@ git -C "$work/skein" checkout -q --detach "$head"
 
 status=0
 summary=()
-for run in 1 2; do
-  log=$work/make-test-$run.log
-  echo "== make test, run $run of 2 (log: $log)"
+for run in demo 1 2; do
+  target=test
+  [ "$run" = demo ] && target=demo
+  log=$work/make-$target-$run.log
+  "$go" run ./test/hostcheck clean >/dev/null
+  echo "== make $target, run $run (log: $log)"
   start=$(date +%s)
-  if make -C "$work/skein" test >"$log" 2>&1; then rc=0; else rc=$?; fi
+  if make -C "$work/skein" "$target" >"$log" 2>&1; then rc=0; else rc=$?; fi
   secs=$(($(date +%s) - start))
   tail -n 3 "$log" | sed 's/^/   /'
   if [ $rc = 0 ]; then result=passed; else
     result="FAILED (exit $rc)"
     status=1
-    grep -E '^(--- FAIL|FAIL|hostcheck:)' "$log" | head -n 20 | sed 's/^/   /' || true
+    grep -E '^(--- FAIL|FAIL|hostcheck:|demo: FAILED)' "$log" | head -n 20 | sed 's/^/   /' || true
   fi
-  summary+=("run $run: $result in $((secs / 60))m$((secs % 60))s")
+  summary+=("make $target ($run): $result in $((secs / 60))m$((secs % 60))s")
 done
 
 echo "== fresh-check summary ($head)"
 printf '   %s\n' "${summary[@]}"
 if [ $status = 0 ]; then
   rm -rf "$work"
-  echo "== both runs passed; the host is as it was"
+  echo "== every run passed; the host is as it was"
 else
   echo "== logs kept in $work"
 fi

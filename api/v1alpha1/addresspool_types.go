@@ -43,6 +43,15 @@ type AddressPoolSpec struct {
 	// +optional
 	BlockSizeBits int32 `json:"blockSizeBits,omitempty"`
 
+	// MaxBlocksPerNode caps the blocks of this pool one node may hold, so
+	// that one node, broken or compromised, cannot exhaust the pool: a
+	// node never claims more, and the AddressBlock webhook refuses more.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	// +kubebuilder:default=16
+	// +optional
+	MaxBlocksPerNode int32 `json:"maxBlocksPerNode,omitempty"`
+
 	// Reserved lists addresses, CIDRs or "first-last" ranges the pool
 	// never hands out.
 	// +kubebuilder:validation:MaxItems=256

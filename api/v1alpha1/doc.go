@@ -80,5 +80,16 @@ const (
 	NodeLeasePrefix = "skein-node-"
 )
 
+// DefaultMaxBlocksPerNode is AddressPoolSpec.MaxBlocksPerNode when unset.
+const DefaultMaxBlocksPerNode = 16
+
+// MaxBlocks is the pool's MaxBlocksPerNode, or its default.
+func (s AddressPoolSpec) MaxBlocks() int {
+	if s.MaxBlocksPerNode <= 0 {
+		return DefaultMaxBlocksPerNode
+	}
+	return int(s.MaxBlocksPerNode)
+}
+
 // NodeLeaseName is the name of node's liveness Lease.
 func NodeLeaseName(node string) string { return NodeLeasePrefix + node }

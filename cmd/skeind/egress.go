@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/skeinnet/skein/internal/daemon"
 	"github.com/skeinnet/skein/internal/egress"
@@ -19,10 +20,12 @@ func applyEgress(netnsPath string, cfg egress.ClientConfig) error {
 }
 
 // startEgress follows the egress annotations of this node's pods
-// (Kubernetes mode); it becomes cfg.PodHook. Close it when skeind stops.
-func startEgress(ctx context.Context, cfg *daemon.Config, rc *rest.Config, events *routing.NodeEvents, log *slog.Logger) (*podegress.Client, error) {
+// (Kubernetes mode), reading the shared cache c; it becomes cfg.PodHook.
+// Close it when skeind stops.
+func startEgress(ctx context.Context, cfg *daemon.Config, rc *rest.Config, c cache.Cache, events *routing.NodeEvents, log *slog.Logger) (*podegress.Client, error) {
 	o := podegress.Options{
 		Config:      rc,
+		Cache:       c,
 		Node:        cfg.Node,
 		Applier:     podegress.ApplierFunc(applyEgress),
 		Attachments: cfg.Store.ListAttachments,
@@ -31,10 +34,10 @@ func startEgress(ctx context.Context, cfg *daemon.Config, rc *rest.Config, event
 	if events != nil {
 		o.Events = events
 	}
-	c, err := podegress.New(ctx, o)
+	pe, err := podegress.New(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	cfg.PodHook = c
-	return c, nil
+	cfg.PodHook = pe
+	return pe, nil
 }

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/skeinnet/skein/internal/daemon"
+	"github.com/skeinnet/skein/internal/routing"
 )
 
 // TestStoreFlags: bad --store combinations are refused with a message
@@ -29,16 +31,18 @@ func TestStoreFlags(t *testing.T) {
 		{"missing kubeconfig", kubeFlags{store: "kubernetes", kubeconfig: filepath.Join(dir, "nope")}, daemon.Config{Node: "n1", StateDir: state}, "--kubeconfig"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, err := tc.kf.openStore(context.Background(), tc.cfg)
+			cfg := tc.cfg
+			kn, err := tc.kf.openKube(context.Background(), &cfg, routing.ModeExport, slog.Default())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("openStore = %v, %v; want an error containing %q", st, err, tc.want)
+				t.Fatalf("openKube = %v, %v; want an error containing %q", kn, err, tc.want)
 			}
 			if _, err := os.Stat(state); !os.IsNotExist(err) {
 				t.Errorf("the state directory was created (%v)", err)
 			}
 		})
 	}
-	if st, err := (kubeFlags{store: "embedded"}).openStore(context.Background(), daemon.Config{StateDir: state}); st != nil || err != nil {
-		t.Errorf("embedded: %v, %v; want nil (the daemon opens its own store)", st, err)
+	cfg := daemon.Config{StateDir: state}
+	if kn, err := (kubeFlags{store: "embedded"}).openKube(context.Background(), &cfg, routing.ModeExport, slog.Default()); kn != nil || err != nil || cfg.Store != nil {
+		t.Errorf("embedded: %v, %v, store %v; want nothing (the daemon opens its own store)", kn, err, cfg.Store)
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/skeinnet/skein/internal/kubestore"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
 	"github.com/skeinnet/skein/internal/logflags"
-	"github.com/skeinnet/skein/internal/podegress"
 )
 
 func main() {
@@ -123,44 +122,30 @@ func newCommand() *cobra.Command {
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			final.Blocks.MinBlockAge = kf.minBlockAge
-			if final.Store, err = kf.openStore(ctx, final); err != nil {
+			kn, err := kf.openKube(ctx, &final, mode, log)
+			if err != nil {
 				return err
 			}
-			var nr *nodeRouting
-			var eg *podegress.Client
-			if kf.store == "kubernetes" {
-				rc, err := kf.restConfig(final.Node)
-				if err == nil {
-					nr, err = startRouting(ctx, &final, mode, rc, log)
-				}
-				if err == nil && kf.egress {
-					if eg, err = startEgress(ctx, &final, rc, nr.events, log); err != nil {
-						nr.stop()
-					}
-				}
-				if err != nil {
-					final.Store.Close()
-					return err
-				}
-			} else {
+			if kn == nil {
 				cleanLeftovers(ctx, final, log)
 			}
 			d, err := daemon.New(ctx, final)
 			if err != nil {
-				if eg != nil {
-					eg.Close()
-				}
-				if nr != nil {
-					nr.stop()
+				if kn != nil {
+					final.Store.Close()
+					kn.close()
 				}
 				return err
 			}
-			if nr != nil {
-				nr.run(ctx)
-				d.OnStop(nr.stop)
-			}
-			if eg != nil {
-				d.OnStop(eg.Close)
+			if kn != nil {
+				// The cache stops after the daemon (which closes the
+				// store after its OnStop functions).
+				defer kn.cache.stop()
+				kn.routing.run(ctx)
+				d.OnStop(kn.routing.stop)
+				if kn.egress != nil {
+					d.OnStop(kn.egress.Close)
+				}
 			}
 			if err := vmf.serve(ctx, d, final.Socket); err != nil {
 				d.Close()
@@ -196,7 +181,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
 	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
 	f.StringVar(&cfg.Routing.Mode, "routing", "export", "how pods reach other nodes' pods: export (the node's blocks go to --export-table for a routing daemon such as BIRD to announce), "+
-		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes; their routes go to table 120 (protocol 32, looked up at rule priority 2001), synced on every change of the cluster's blocks and nodes and every 30 s, and kept when skeind stops. "+
+		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes; their routes go to table 120 (protocol 32, looked up at rule priority 2001), applied on every change of the cluster's blocks and nodes (only the blocks it touches) and synced in full every 30 s, and kept when skeind stops. A block's routes lead to the node in its nodeName (the skein.dev/node label only for blocks without one). "+
 		"Switching to export removes them at start. See skeinctl route list")
 	f.StringVar(&cfg.Routing.NodeAddress, "node-address", "", "this node's underlay addresses for direct and vxlan routing, comma separated, at most one per family (e.g. 192.0.2.10,2001:db8::10); "+
 		"skeind writes them on its Node as the annotation skein.dev/node-address, which peers prefer to the Node's InternalIPs. Empty: the annotation as it is, else the InternalIPs. In vxlan mode the tunnel's underlay is the IPv4 address if there is one, else the IPv6 one, on every node alike (give only an IPv6 address for an IPv6 underlay)")

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/daemon"
@@ -52,18 +53,18 @@ func cleanLeftovers(ctx context.Context, cfg daemon.Config, log *slog.Logger) {
 }
 
 // startRouting sets up routing between nodes in Kubernetes mode: the
-// cluster's view, this node's address (published on its Node when
+// cluster's view (read from the shared cache c), this node's address (published on its Node when
 // --node-address is given), the kernel side, and the loop, which becomes
 // cfg.Routes. In vxlan mode with --mtu 0 it sets the pod MTU to the
 // device's. The loop runs once run is called; stop undoes everything.
-func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc *rest.Config, log *slog.Logger) (_ *nodeRouting, err error) {
+func startRouting(ctx context.Context, cfg *daemon.Config, mode routing.Mode, rc *rest.Config, c cache.Cache, log *slog.Logger) (_ *nodeRouting, err error) {
 	r := &nodeRouting{done: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			r.close()
 		}
 	}()
-	if r.watcher, err = routing.NewWatcher(ctx, routing.WatchOptions{Config: rc, Node: cfg.Node}); err != nil {
+	if r.watcher, err = routing.NewWatcher(ctx, routing.WatchOptions{Config: rc, Cache: c, Node: cfg.Node, Logger: log}); err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 	var local []netip.Addr

@@ -37,6 +37,9 @@ type ClusterStore interface {
 	// waiting) with a pool's name when the pool or one of this node's
 	// blocks of it changes in the store. At most one is registered.
 	Watch(changed func(pool string))
+	// NodeBlocks lists node's blocks of pool (ListBlocks filtered, without
+	// reading every node's).
+	NodeBlocks(ctx context.Context, pool, node string) ([]store.Block, error)
 }
 
 // ClusterOptions tunes a Manager over a ClusterStore; the zero value is
@@ -107,6 +110,18 @@ func (ps *poolState) free() uint32 {
 		f = min(f, f6)
 	}
 	return uint32(min(f, 1<<32-1))
+}
+
+// live is the number of blocks of ps this node holds and allocates from
+// or gives back (lost ones are not its own); the caller holds ps.mu.
+func (ps *poolState) live() int {
+	n := 0
+	for _, b := range ps.blocks {
+		if !b.lost {
+			n++
+		}
+	}
+	return n
 }
 
 // held is the number of addresses attachments hold in b.
@@ -198,6 +213,10 @@ func (m *Manager) claimFor(ctx context.Context, ps *poolState, need *needBlock) 
 	if ps.deleting {
 		ps.mu.Unlock()
 		return fmt.Errorf("%w: pool %q is being deleted: no block of it is claimed", ErrPoolNotFound, ps.def.Name)
+	}
+	if limit := ps.def.MaxBlocksPerNode; limit > 0 && need.want == nil && ps.live() >= limit {
+		ps.mu.Unlock()
+		return fmt.Errorf("%w: node %q holds %d blocks of pool %q, its maxBlocksPerNode", ErrExhausted, m.node, limit, ps.def.Name)
 	}
 	name, geo := ps.def.Name, ps.geo
 	ranges := geo.usableBlocks(need.within, need.v6)
@@ -344,7 +363,9 @@ func (m *Manager) Run(ctx context.Context) {
 			m.dirty[""] = true // everything
 			m.dirtyMu.Unlock()
 		}
-		m.tend(ctx, false)
+		if _, err := m.tend(ctx, false); err != nil && ctx.Err() == nil {
+			m.log.Warn("blocks: tending the pools failed (retried at the next change, or in a few seconds)", "err", err)
+		}
 	}
 }
 
@@ -516,7 +537,7 @@ func (b *blockState) free() uint32 {
 // back instead of leaking; and marks lost those it holds that the store
 // no longer says are its own.
 func (m *Manager) adopt(ctx context.Context, ps *poolState) error {
-	blocks, err := m.st.ListBlocks(ctx, ps.def.Name)
+	blocks, err := m.cluster.NodeBlocks(ctx, ps.def.Name, m.node)
 	if err != nil {
 		return err
 	}

@@ -42,6 +42,17 @@ func (c *clusterFake) Owns(pool string, index uint32, node string) bool {
 
 func (c *clusterFake) Watch(f func(string)) { c.changed = f }
 
+func (c *clusterFake) NodeBlocks(ctx context.Context, pool, node string) ([]store.Block, error) {
+	all, err := c.Bolt.ListBlocks(ctx, pool)
+	var out []store.Block
+	for _, b := range all {
+		if b.Node == node {
+			out = append(out, b)
+		}
+	}
+	return out, err
+}
+
 func (c *clusterFake) ClaimBlock(ctx context.Context, pool, node string, limit uint32, want *uint32, ok func(uint32) bool) (store.Block, error) {
 	c.mu.Lock()
 	hold := c.hold
@@ -368,5 +379,26 @@ func TestClusterAdoptsLostClaim(t *testing.T) {
 	}
 	if slices.Contains(blocksOf(t, c.Bolt, "n1"), orphan) {
 		t.Fatalf("orphaned block %d still claimed after tending: %v", orphan, blocksOf(t, c.Bolt, "n1"))
+	}
+}
+
+// A node never holds more blocks of a pool than its maxBlocksPerNode,
+// spares included.
+func TestClusterMaxBlocksPerNode(t *testing.T) {
+	m, c := clusterSetup(t, []string{"10.0.0.0/24"}, 2)
+	ctx := context.Background()
+	c.setPool(&store.Pool{Name: "p", Subnets: prefixes("10.0.0.0/24"), BlockSizeBits: 2, UID: "uid-1", MaxBlocksPerNode: 2}, "p")
+	var err error
+	for n := 0; err == nil && n < 64; n++ {
+		_, err = m.Allocate(ctx, Request{Pool: "p"})
+	}
+	if !errors.Is(err, ErrExhausted) {
+		t.Fatalf("allocating past two blocks: %v, want ErrExhausted", err)
+	}
+	if _, err := m.tend(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := blocksOf(t, c.Bolt, "n1"); len(got) != 2 {
+		t.Fatalf("node holds blocks %v, want 2 (its maxBlocksPerNode)", got)
 	}
 }

@@ -254,7 +254,12 @@ func (m *Manager) newPoolState(ctx context.Context, def store.Pool) (*poolState,
 	if err != nil {
 		return nil, fmt.Errorf("stored pool %q: %w", def.Name, err)
 	}
-	blocks, err := m.st.ListBlocks(ctx, def.Name)
+	var blocks []store.Block
+	if m.cluster != nil {
+		blocks, err = m.cluster.NodeBlocks(ctx, def.Name, m.node)
+	} else {
+		blocks, err = m.st.ListBlocks(ctx, def.Name)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,35 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]store.Block, err
 	return out, nil
 }
 
+// NodeBlocks lists node's blocks of pool from the informer cache (the
+// Manager's view of its own, without copying every node's).
+func (s *Store) NodeBlocks(ctx context.Context, pool, node string) ([]store.Block, error) {
+	var list skeinv1.AddressBlockList
+	if err := s.cache.List(ctx, &list, client.MatchingLabels{skeinv1.LabelPool: pool, skeinv1.LabelNode: node}); err != nil {
+		return nil, fmt.Errorf("list AddressBlocks: %w", err)
+	}
+	uid := s.poolUID(ctx, pool)
+	out := make([]store.Block, 0, len(list.Items))
+	var errs []error
+	for i := range list.Items {
+		b := &list.Items[i]
+		blk, ok := blockOf(b)
+		if !ok || blk.Node != node || !ofPool(b, uid) {
+			continue
+		}
+		if !b.DeletionTimestamp.IsZero() {
+			// A release cut short between its two writes (the delete, then
+			// the finalizer): finish it, or the index stays taken forever.
+			if node == s.node {
+				errs = append(errs, s.dropFinalizer(ctx, b.DeepCopy()))
+			}
+			continue
+		}
+		out = append(out, blk)
+	}
+	return out, errors.Join(errs...)
+}
+
 // blockOf reads a block: its owner is nodeName, or for a block of the
 // retired BlockRequest protocol (no nodeName yet) its node label.
 func blockOf(b *skeinv1.AddressBlock) (store.Block, bool) {

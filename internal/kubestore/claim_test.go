@@ -586,3 +586,46 @@ func TestSubnetsAppended(t *testing.T) {
 		return nil
 	})
 }
+
+// A release cut short between its two writes (the block deleted, its
+// finalizer not yet removed: skeind killed in between) is finished by the
+// node: the block goes, its index is free again, and it is not taken for
+// a block lost to another node.
+func TestReleaseCutShortFinished(t *testing.T) {
+	env, c := startEnv(t)
+	ctx := context.Background()
+	createPool(t, c, "other", "10.88.0.0/24", 3)
+	createPool(t, c, "default", "10.80.0.0/24", 3)
+	pool := &skeinv1.AddressPool{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "other"}, pool); err != nil {
+		t.Fatal(err)
+	}
+	half := &skeinv1.AddressBlock{
+		ObjectMeta: metav1.ObjectMeta{Name: "other-5", Finalizers: []string{skeinv1.FinalizerBlock},
+			Labels:          map[string]string{skeinv1.LabelPool: "other", skeinv1.LabelNode: "node-h"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool", Name: "other", UID: pool.UID}}},
+		NodeName: "node-h", Index: 5, IPv4: ptr.To("10.88.0.40/29"),
+	}
+	if err := c.Create(ctx, half); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, half); err != nil { // the first write of a release
+		t.Fatal(err)
+	}
+	n := startNode(t, env, "node-h", t.TempDir(), nodeOpts{})
+	if err := n.ipam.LoadAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tend(t, n)
+	eventually(t, "the half-released block gone", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(half), &skeinv1.AddressBlock{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	select {
+	case i := <-n.lost:
+		t.Errorf("block %d of its own half-released reported lost", i)
+	default:
+	}
+}

@@ -202,8 +202,19 @@ func (s *Store) watch(ctx context.Context) error {
 		return fmt.Errorf("informer for AddressPools: %w", err)
 	}
 	preg, err := pools.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { s.onPool(o) },
-		UpdateFunc: func(_, o any) { s.onPool(o) },
+		AddFunc: func(o any) { s.onPool(o) },
+		UpdateFunc: func(old, o any) {
+			// Status updates (the controller's counts) change nothing a
+			// node follows: only the spec (generation), the deletion
+			// timestamp and a new life (UID) do.
+			a, okA := old.(*skeinv1.AddressPool)
+			b, okB := o.(*skeinv1.AddressPool)
+			if okA && okB && a.Generation == b.Generation && a.UID == b.UID &&
+				a.DeletionTimestamp.IsZero() == b.DeletionTimestamp.IsZero() {
+				return
+			}
+			s.onPool(o)
+		},
 		DeleteFunc: func(o any) { s.onPool(o) },
 	})
 	if err != nil {
@@ -339,7 +350,8 @@ func (s *Store) ListPools(ctx context.Context) ([]store.Pool, error) {
 // pairs them the same way).
 func poolOf(p *skeinv1.AddressPool) (store.Pool, error) {
 	out := store.Pool{Name: p.Name, BlockSizeBits: int(p.Spec.BlockSizeBits), Reserved: p.Spec.Reserved,
-		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero()}
+		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero(),
+		MaxBlocksPerNode: p.Spec.MaxBlocks()}
 	for i, e := range p.Spec.Subnets {
 		for _, sub := range []*string{e.IPv4, e.IPv6} {
 			if sub == nil {

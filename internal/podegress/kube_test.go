@@ -477,6 +477,49 @@ func TestKubernetesPods(t *testing.T) {
 		}
 		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
 	})
+	t.Run("address pool status only", func(t *testing.T) {
+		// skein-controller writes a pool's status as blocks come and go
+		// anywhere in the cluster: that re-queued every followed pod with
+		// gateways on every node. Only a change of the subnets does now.
+		ctx := context.Background()
+		pool := kubenode.DefaultPool.DeepCopy()
+		pool.Name = "extra"
+		pool.Spec.Subnets = []skeinv1.SubnetSet{{IPv4: ptr.To("100.64.0.0/16")}}
+		if err := n.c.Create(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.c.Delete(context.Background(), pool) })
+		inCluster := func(extra string) egress.ClientConfig {
+			return egress.ClientConfig{Gateways: []egress.Gateway{natGW, nat2GW}, InCluster: []netip.Prefix{
+				netip.MustParsePrefix("10.130.0.0/24"), netip.MustParsePrefix(extra), netip.MustParsePrefix("fd00:130::/120")}}
+		}
+		n.waitApplied(t, web.Path(), inCluster("100.64.0.0/16"))
+		syncs := func() float64 { return testutil.ToFloat64(n.pe.Collectors()[2]) }
+		before, applies := syncs(), len(n.rec.of(web.Path()))
+		for i := range 3 {
+			// A merge patch: skein-controller writes the status too.
+			patch := fmt.Sprintf(`{"status":{"addressesUsed":%d}}`, 1000+i)
+			if err := n.c.Status().Patch(ctx, pool, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // each on its own, not coalesced in the queue
+		}
+		if got := syncs() - before; got != 0 {
+			t.Errorf("%v pod syncs after 3 status-only updates of a pool; want 0", got)
+		}
+		patch := []byte(`{"spec":{"subnets":[{"ipv4":"100.65.0.0/16"}]}}`)
+		if err := n.c.Patch(ctx, pool, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			t.Fatal(err)
+		}
+		n.waitApplied(t, web.Path(), inCluster("100.65.0.0/16"))
+		if got := len(n.rec.of(web.Path())) - applies; got != 1 {
+			t.Errorf("%d Applies after the status updates and one subnet change; want 1", got)
+		}
+		if err := n.c.Delete(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
+	})
 	t.Run("service re-created", func(t *testing.T) {
 		svc := &corev1.Service{}
 		if err := n.c.Get(context.Background(), client.ObjectKey{Namespace: "gw", Name: "nat"}, svc); err != nil {

@@ -10,6 +10,7 @@ import (
 type metrics struct {
 	apply *prometheus.HistogramVec
 	pods  prometheus.GaugeFunc
+	syncs prometheus.Counter
 }
 
 func newMetrics(c *Client) *metrics {
@@ -24,6 +25,10 @@ func newMetrics(c *Client) *metrics {
 			Name: "skein_egress_pods",
 			Help: "Pods of this node with egress tunnels applied.",
 		}, func() float64 { return float64(c.podsWithGateways()) }),
+		syncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "skein_egress_pod_syncs_total",
+			Help: "Times a followed pod was converged again after a change of it, of an Egress or Service it names, or of the AddressPools' subnets (most find nothing to apply).",
+		}),
 	}
 }
 
@@ -37,7 +42,7 @@ func (m *metrics) observe(took time.Duration, err error) {
 
 // Collectors are the Client's metrics, for skeind's registry.
 func (c *Client) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{c.m.apply, c.m.pods}
+	return []prometheus.Collector{c.m.apply, c.m.pods, c.m.syncs}
 }
 
 // podsWithGateways counts the pods whose applied configuration has a

@@ -87,6 +87,11 @@ type Eventer interface {
 type Options struct {
 	// Config reaches the API server.
 	Config *rest.Config
+	// Cache, if set, is read instead of informers of the Client's own:
+	// skeind shares one cache between its store, routing and egress. It
+	// must hold what CacheObjects(Node) describes; the caller starts it
+	// and waits for it to sync before New, and stops it after Close.
+	Cache cache.Cache
 	// Node is this node's name: its pods are those with spec.nodeName
 	// equal to it.
 	Node string
@@ -121,6 +126,9 @@ type Client struct {
 	mu   sync.Mutex
 	pods map[types.NamespacedName]*podState
 	m    *metrics
+	// handlers are the event handlers on a shared cache's informers,
+	// removed by Close.
+	handlers []func() error
 }
 
 // podState is what the Client knows of one pod attached on this node.
@@ -152,9 +160,28 @@ func init() {
 	utilruntime.Must(skeinv1.AddToScheme(Scheme))
 }
 
+// CacheObjects are the kinds a Client of node reads and how a cache must
+// hold them, for a cache shared with others (Options.Cache): the pods of
+// node alone (a field selector) kept slim, the Services labelled
+// egress.skein.dev/name (the Egresses'), every Egress and AddressPool (a
+// zero ByObject: as they are, the cache's defaults).
+func CacheObjects(node string) map[client.Object]cache.ByObject {
+	labelled, err := labels.NewRequirement(skeinv1.LabelEgress, selection.Exists, nil)
+	if err != nil {
+		panic(err) // a constant key: cannot fail
+	}
+	return map[client.Object]cache.ByObject{
+		&corev1.Pod{}:          {Field: fields.OneTermEqualSelector("spec.nodeName", node), Transform: slimPod},
+		&corev1.Service{}:      {Label: labels.NewSelector().Add(*labelled)},
+		&skeinv1.Egress{}:      {},
+		&skeinv1.AddressPool{}: {},
+	}
+}
+
 // New starts informers for this node's pods, the Egresses and their
 // Services (those labelled egress.skein.dev/name), waits until they have
-// synced, and starts following the pods. Close stops it.
+// synced, and starts following the pods; with Options.Cache it reads that
+// cache instead. Close stops it.
 func New(ctx context.Context, o Options) (_ *Client, err error) {
 	if o.Config == nil || o.Node == "" || o.Applier == nil {
 		return nil, errors.New("podegress: Config, Node and Applier are required")
@@ -169,20 +196,16 @@ func New(ctx context.Context, o Options) (_ *Client, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	labelled, err := labels.NewRequirement(skeinv1.LabelEgress, selection.Exists, nil)
-	if err != nil {
-		return nil, err
-	}
-	c, err := cache.New(o.Config, cache.Options{
-		Scheme:           Scheme,
-		DefaultTransform: cache.TransformStripManagedFields(),
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:     {Field: fields.OneTermEqualSelector("spec.nodeName", o.Node), Transform: slimPod},
-			&corev1.Service{}: {Label: labels.NewSelector().Add(*labelled)},
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes cache: %w", err)
+	c, own := o.Cache, o.Cache == nil
+	if own {
+		c, err = cache.New(o.Config, cache.Options{
+			Scheme:           Scheme,
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject:         configured(CacheObjects(o.Node)),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes cache: %w", err)
+		}
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	cl := &Client{
@@ -197,28 +220,41 @@ func New(ctx context.Context, o Options) (_ *Client, err error) {
 		if err != nil {
 			stop()
 			cl.queue.ShutDown()
+			cl.removeHandlers()
 		}
 	}()
-	if err := cl.watch(runCtx); err != nil {
-		return nil, err
-	}
-	go c.Start(runCtx) //nolint:errcheck // ends with runCtx
+	// GetInformer waits for a shared cache's informer to sync (one the
+	// caller did not start would be started here): bounded too.
 	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
 	defer cancel()
-	if !c.WaitForCacheSync(syncCtx) {
-		return nil, fmt.Errorf("egress: kubernetes caches of %s did not sync within %v (may this node list and watch Pods, Services, Egresses and AddressPools?)", o.Config.Host, o.SyncTimeout)
+	if err := cl.watch(syncCtx, !own); err != nil {
+		return nil, err
+	}
+	if own {
+		go c.Start(runCtx) //nolint:errcheck // ends with runCtx
+		if !c.WaitForCacheSync(syncCtx) {
+			return nil, fmt.Errorf("egress: kubernetes caches of %s did not sync within %v (may this node list and watch Pods, Services, Egresses and AddressPools?)", o.Config.Host, o.SyncTimeout)
+		}
 	}
 	go cl.run(runCtx)
 	return cl, nil
 }
 
-// Close stops following pods; the tunnels stay.
+// Close stops following pods; the tunnels stay. A shared cache goes on.
 func (c *Client) Close() {
 	c.closed.Do(func() {
+		c.removeHandlers()
 		c.stop()
 		c.queue.ShutDown()
 		<-c.done
 	})
+}
+
+func (c *Client) removeHandlers() {
+	for _, remove := range c.handlers {
+		remove() //nolint:errcheck // fails only for a handler already gone
+	}
+	c.handlers = nil
 }
 
 // Added sets up the tunnels of a pod just attached: it reads the Pod
@@ -431,4 +467,18 @@ func (c *Client) warn(pod *corev1.Pod, reason, msg string) {
 	if c.o.Events != nil {
 		c.o.Events.Warning(pod, reason, msg)
 	}
+}
+
+// configured leaves out the kinds without options: cache.New resolves
+// every kind of ByObject at once, and one whose CRD is missing should fail
+// where it is watched, with a message that says so.
+func configured(objs map[client.Object]cache.ByObject) map[client.Object]cache.ByObject {
+	out := map[client.Object]cache.ByObject{}
+	for obj, o := range objs {
+		if o.Namespaces != nil || o.Label != nil || o.Field != nil || o.Transform != nil || o.UnsafeDisableDeepCopy != nil ||
+			o.EnableWatchBookmarks != nil || o.SyncPeriod != nil {
+			out[obj] = o
+		}
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -26,12 +27,24 @@ import (
 // synced once), each sync under the pod's lock, failures retried with
 // backoff.
 
-func (c *Client) watch(ctx context.Context) error {
-	pods, err := c.cache.GetInformer(ctx, &corev1.Pod{})
-	if err != nil {
-		return fmt.Errorf("egress: watch Pods: %w", err)
+// watch adds the event handlers (remembered for Close when the cache is
+// shared).
+func (c *Client) watch(ctx context.Context, shared bool) error {
+	handle := func(obj client.Object, h toolscache.ResourceEventHandler) error {
+		inf, err := c.cache.GetInformer(ctx, obj)
+		if err != nil {
+			return err
+		}
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
+			return err
+		}
+		if shared {
+			c.handlers = append(c.handlers, func() error { return inf.RemoveEventHandler(reg) })
+		}
+		return nil
 	}
-	if _, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	if err := handle(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { c.queuePod(obj, false) },
 		UpdateFunc: func(old, obj any) {
 			o, n := old.(*corev1.Pod), obj.(*corev1.Pod)
@@ -41,33 +54,40 @@ func (c *Client) watch(ctx context.Context) error {
 		},
 		DeleteFunc: func(obj any) { c.queuePod(obj, true) },
 	}); err != nil {
-		return err
+		return fmt.Errorf("egress: watch Pods: %w", err)
 	}
 	for _, obj := range []client.Object{&skeinv1.Egress{}, &corev1.Service{}} {
-		inf, err := c.cache.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("egress: watch %T (is the Egress CRD installed? skeind --egress=false does without): %w", obj, err)
-		}
-		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		if err := handle(obj, toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.queueUsers(obj) },
 			UpdateFunc: func(_, obj any) { c.queueUsers(obj) },
 			DeleteFunc: func(obj any) { c.queueUsers(obj) },
 		}); err != nil {
-			return err
+			return fmt.Errorf("egress: watch %T (is the Egress CRD installed? skeind --egress=false does without): %w", obj, err)
 		}
 	}
-	pools, err := c.cache.GetInformer(ctx, &skeinv1.AddressPool{})
-	if err != nil {
-		return fmt.Errorf("egress: watch AddressPools: %w", err)
-	}
-	if _, err := pools.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.queueFollowed() },
-		UpdateFunc: func(any, any) { c.queueFollowed() },
+	if err := handle(&skeinv1.AddressPool{}, toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { c.queueFollowed() },
+		UpdateFunc: func(old, obj any) {
+			// The pool's status (usage, conditions) changes with every
+			// block claimed anywhere in the cluster; only its subnets
+			// matter here.
+			if !sameSubnets(old, obj) {
+				c.queueFollowed()
+			}
+		},
 		DeleteFunc: func(any) { c.queueFollowed() },
 	}); err != nil {
-		return err
+		return fmt.Errorf("egress: watch AddressPools: %w", err)
 	}
 	return nil
+}
+
+// sameSubnets: two versions of an AddressPool with the same subnets (all
+// the Client reads of a pool).
+func sameSubnets(old, obj any) bool {
+	o, ok1 := old.(*skeinv1.AddressPool)
+	n, ok2 := obj.(*skeinv1.AddressPool)
+	return ok1 && ok2 && reflect.DeepEqual(o.Spec.Subnets, n.Spec.Subnets)
 }
 
 // queueFollowed queues every followed pod that has gateways: an
@@ -157,6 +177,7 @@ func (c *Client) run(ctx context.Context) {
 			c.queue.Done(key)
 			continue
 		}
+		c.m.syncs.Inc()
 		if err := c.sync(ctx, key); err != nil {
 			c.log.Warn("egress: re-apply a pod's tunnels; retrying", "pod", key, "err", err)
 			c.queue.AddRateLimited(key)

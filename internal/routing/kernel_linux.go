@@ -75,9 +75,12 @@ type Kernel struct {
 	// oldRulesGone: the untagged rules of skeind versions before the rule
 	// carried Protocol were looked for (once per Kernel); under mu.
 	oldRulesGone bool
-	h            *netlink.Handle
-	closeH       func()
-	mu           sync.Mutex
+	// last is what the last successful Sync left, kept by Update; nil
+	// until then and after a failure (Update then wants a Sync); under mu.
+	last   *applied
+	h      *netlink.Handle
+	closeH func()
+	mu     sync.Mutex
 }
 
 // NewKernel validates cfg, fills its defaults and opens a netlink socket in
@@ -237,6 +240,7 @@ func (k *Kernel) Sync(ctx context.Context, remotes []Remote) ([]Status, error) {
 		st  []Status
 		err error
 	)
+	k.last = nil // set again by a mode's sync that ends well
 	switch k.cfg.Mode {
 	case ModeDirect:
 		st, err = k.syncDirect(ctx, remotes)
@@ -259,6 +263,7 @@ func (k *Kernel) Uninstall() error {
 	if k.closeH == nil {
 		return errors.New("routing uninstall: kernel closed")
 	}
+	k.last = nil
 	if err := k.removeAll(); err != nil {
 		return fmt.Errorf("routing uninstall: %w", err)
 	}

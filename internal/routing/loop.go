@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,15 @@ import (
 // returns none).
 type Syncer interface {
 	Sync(ctx context.Context, remotes []Remote) ([]Status, error)
+}
+
+// Updater is a Syncer that can also apply a change of some blocks alone
+// (*Kernel: Update): afterwards the kernel holds for each prefix in blocks
+// what Sync would for remotes, the remotes claiming it (none: gone), and
+// everything else as it was. It returns one Status per remote, or
+// ErrFullSync when only a Sync can do it.
+type Updater interface {
+	Update(ctx context.Context, blocks []netip.Prefix, remotes []Remote) ([]Status, error)
 }
 
 // LocalSetter is a Syncer whose idea of this node's own addresses can
@@ -65,8 +75,9 @@ type LoopOptions struct {
 	Events Eventer
 	// Logger; nil = slog.Default().
 	Logger *slog.Logger
-	// Resync: a sync runs this long after the last one even without a
-	// change, to repair drift in the kernel; 0 = 30 s.
+	// Resync: a full sync runs this long after the last one whatever
+	// changed, to repair drift in the kernel; 0 = 30 s. In between, a
+	// Syncer that is an Updater gets only the blocks that changed.
 	Resync time.Duration
 	// Coalesce: after a change, wait this long for more before syncing;
 	// 0 = 10 ms.
@@ -92,6 +103,14 @@ type LoopOptions struct {
 // syncs on every change (coalesced), every Resync, and after failures with
 // a backoff; it keeps the last statuses for ListRoutes and reports each
 // remote node's state once per change (log, event, metrics).
+//
+// The sync at start, every Resync and after a failure is full (Sync of
+// every remote). A change in between, with an Updater, is applied alone:
+// the Loop compares the snapshot with the one it last applied and hands
+// Update the blocks whose claimants differ (a block added, deleted or
+// moved, every block of a node whose address changed). At 3,000 blocks
+// that is a few netlink messages instead of dumping and comparing the
+// whole table (see BenchmarkChange3000Blocks).
 type Loop struct {
 	o   LoopOptions
 	log *slog.Logger
@@ -109,6 +128,11 @@ type Loop struct {
 	lastEvent map[string]time.Time // node → its last NodeUnreachable event
 	local     []netip.Addr         // last addresses given to the LocalSetter
 	localErr  string               // last refusal of them, logged once
+	// applied is the remotes the kernel holds (the last snapshot synced
+	// or updated), sorted by remoteOrder; known false = unknown, the next
+	// sync is full.
+	applied []Remote
+	known   bool
 }
 
 // NewLoop returns a loop; Run runs it.
@@ -149,9 +173,10 @@ func (l *Loop) Statuses() (st []Status, synced bool) {
 
 // Run syncs until ctx ends; it returns ctx's error.
 func (l *Loop) Run(ctx context.Context) error {
-	timer := time.NewTimer(0) // the first sync: at once
+	timer := time.NewTimer(0) // the first sync: at once, full
 	defer timer.Stop()
-	due := time.Now()
+	due := time.Now() // the next sync
+	fullDue := due    // the next full sync
 	var backoff time.Duration
 	var notBefore time.Time
 	for {
@@ -173,27 +198,35 @@ func (l *Loop) Run(ctx context.Context) error {
 			case <-l.o.Source.Changed():
 			default:
 			}
-			if err := l.syncOnce(ctx); err != nil {
+			full := !time.Now().Before(fullDue)
+			if err := l.syncOnce(ctx, full); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
 				backoff = min(max(2*backoff, l.o.MinBackoff), l.o.MaxBackoff)
 				l.log.Error("sync remote routes; retrying", "err", err, "in", backoff)
 				notBefore = time.Now().Add(backoff)
-				due = notBefore
+				due, fullDue = notBefore, notBefore
 			} else {
 				backoff, notBefore = 0, time.Time{}
-				due = time.Now().Add(l.o.Resync)
+				if full {
+					fullDue = time.Now().Add(l.o.Resync)
+				}
+				due = fullDue
 			}
 			timer.Reset(time.Until(due))
 		}
 	}
 }
 
-// SyncNow runs one sync at once, outside Run's schedule (tests, start-up).
-func (l *Loop) SyncNow(ctx context.Context) error { return l.syncOnce(ctx) }
+// SyncNow runs one full sync at once, outside Run's schedule (tests,
+// start-up, ListRoutes in export mode).
+func (l *Loop) SyncNow(ctx context.Context) error { return l.syncOnce(ctx, true) }
 
-func (l *Loop) syncOnce(ctx context.Context) error {
+// syncOnce reads a snapshot and applies it: everything (full, or when the
+// Syncer is no Updater or the last sync failed), else only the blocks
+// whose claimants changed since the last sync.
+func (l *Loop) syncOnce(ctx context.Context, full bool) error {
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.o.SyncTimeout)
@@ -204,45 +237,170 @@ func (l *Loop) syncOnce(ctx context.Context) error {
 		l.m.observe(time.Since(start), err)
 		return fmt.Errorf("read the cluster's blocks: %w", err)
 	}
-	l.followSelf(snap)
+	if l.followSelf(snap) {
+		full = true // vxlan: the device moves to the new address
+	}
+	// Sorted (a Watcher's are already), so that a block's claimants come
+	// in the same order to Sync and Update and two lists compare in one
+	// pass.
+	if !slices.IsSortedFunc(snap.Remotes, remoteOrder) {
+		snap.Remotes = slices.Clone(snap.Remotes)
+		slices.SortFunc(snap.Remotes, remoteOrder)
+	}
+	if up, ok := l.o.Syncer.(Updater); ok && !full && l.known {
+		err := l.update(ctx, up, snap, start)
+		if !errors.Is(err, ErrFullSync) {
+			return err
+		}
+	}
+	l.known = false
 	st, err := l.o.Syncer.Sync(ctx, snap.Remotes)
 	l.m.observe(time.Since(start), err)
+	l.m.kind("full")
 	if st != nil || err == nil {
-		slices.SortFunc(st, func(a, b Status) int { return a.Block.Addr().Compare(b.Block.Addr()) })
-		l.mu.Lock()
-		l.statuses, l.synced = st, true
-		l.mu.Unlock()
+		st = slices.Clone(st)
+		slices.SortFunc(st, statusOrder)
+		l.setStatuses(st)
 		l.report(snap, st)
 	}
 	if err != nil {
 		return fmt.Errorf("sync %d remote blocks: %w", len(snap.Remotes), err)
 	}
+	l.applied, l.known = snap.Remotes, true
 	return nil
 }
 
+// update applies the blocks whose claimants differ between l.applied and
+// snap; ErrFullSync when the Updater cannot.
+func (l *Loop) update(ctx context.Context, up Updater, snap Snapshot, start time.Time) error {
+	blocks, remotes := changedBlocks(l.applied, snap.Remotes)
+	if len(blocks) == 0 {
+		// Nothing the routes depend on (a node's bad annotation may
+		// have, which the report follows).
+		st, _ := l.Statuses()
+		l.report(snap, st)
+		return nil
+	}
+	got, err := up.Update(ctx, blocks, remotes)
+	if errors.Is(err, ErrFullSync) {
+		return err
+	}
+	l.m.observe(time.Since(start), err)
+	l.m.kind("incremental")
+	if err != nil {
+		l.known = false // the next sync is full
+		return fmt.Errorf("update %d remote blocks: %w", len(blocks), err)
+	}
+	got = slices.Clone(got)
+	slices.SortFunc(got, statusOrder)
+	l.mu.Lock()
+	old := l.statuses
+	l.mu.Unlock()
+	st := mergeStatuses(old, got, blocks)
+	l.setStatuses(st)
+	l.report(snap, st)
+	l.applied = snap.Remotes
+	return nil
+}
+
+func (l *Loop) setStatuses(st []Status) {
+	l.mu.Lock()
+	l.statuses, l.synced = st, true
+	l.mu.Unlock()
+}
+
+// remoteOrder sorts by block, then name.
+func remoteOrder(a, b Remote) int {
+	return cmp.Or(a.Block.Addr().Compare(b.Block.Addr()), cmp.Compare(a.Block.Bits(), b.Block.Bits()), strings.Compare(a.Name, b.Name))
+}
+
+func statusOrder(a, b Status) int { return remoteOrder(a.Remote, b.Remote) }
+
+func blockOrder(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+// changedBlocks compares two lists sorted by remoteOrder in one pass: the
+// blocks (in order) whose claimants differ (in name, node or addresses;
+// a block in one list only among them), and the claimants of those in
+// next.
+func changedBlocks(old, next []Remote) (blocks []netip.Prefix, remotes []Remote) {
+	i, j := 0, 0
+	for i < len(old) || j < len(next) {
+		var p netip.Prefix
+		switch {
+		case j == len(next) || i < len(old) && blockOrder(old[i].Block, next[j].Block) < 0:
+			p = old[i].Block
+		default:
+			p = next[j].Block
+		}
+		ei, ej := i, j
+		for ei < len(old) && old[ei].Block == p {
+			ei++
+		}
+		for ej < len(next) && next[ej].Block == p {
+			ej++
+		}
+		if !slices.EqualFunc(old[i:ei], next[j:ej], sameRemote) {
+			blocks = append(blocks, p)
+			remotes = append(remotes, next[j:ej]...)
+		}
+		i, j = ei, ej
+	}
+	return blocks, remotes
+}
+
+// sameRemote: the same claimant of a block, with the same addresses.
+func sameRemote(x, y Remote) bool {
+	return x.Name == y.Name && x.Node == y.Node && slices.Equal(x.NodeAddrs, y.NodeAddrs)
+}
+
+// mergeStatuses is old (sorted by statusOrder) without the statuses of
+// blocks (sorted), merged with got (sorted).
+func mergeStatuses(old, got []Status, blocks []netip.Prefix) []Status {
+	out := make([]Status, 0, len(old)+len(got))
+	b := 0
+	for _, s := range old {
+		for b < len(blocks) && blockOrder(blocks[b], s.Block) < 0 {
+			b++
+		}
+		if b < len(blocks) && blocks[b] == s.Block {
+			continue
+		}
+		for len(got) > 0 && statusOrder(got[0], s) < 0 {
+			out = append(out, got[0])
+			got = got[1:]
+		}
+		out = append(out, s)
+	}
+	return append(out, got...)
+}
+
 // followSelf gives the Syncer this node's addresses from snap when they
-// changed (SelfNode). A Node without addresses changes nothing; addresses
-// the Syncer refuses are logged (once) and the previous ones stay.
-func (l *Loop) followSelf(snap Snapshot) {
+// changed (SelfNode), and says whether it did. A Node without addresses
+// changes nothing; addresses the Syncer refuses are logged (once) and the
+// previous ones stay.
+func (l *Loop) followSelf(snap Snapshot) bool {
 	ls, ok := l.o.Syncer.(LocalSetter)
 	if l.o.SelfNode == "" || !ok {
-		return
+		return false
 	}
 	addrs := snap.Nodes[l.o.SelfNode].Addrs
 	if len(addrs) == 0 || slices.Equal(addrs, l.local) {
-		return
+		return false
 	}
 	if err := ls.SetLocalAddrs(addrs); err != nil {
 		if msg := err.Error(); msg != l.localErr {
 			l.localErr = msg
 			l.log.Error("routing: this node's new addresses refused; keeping the previous ones", "addrs", addrs, "err", err)
 		}
-		return
+		return false
 	}
 	if l.local != nil {
 		l.log.Info("routing: this node's addresses changed", "from", l.local, "to", addrs)
 	}
 	l.local, l.localErr = slices.Clone(addrs), ""
+	return true
 }
 
 // eventDue reports whether node may get a NodeUnreachable event now (none
@@ -361,6 +519,7 @@ type loopMetrics struct {
 	unreachable prometheus.Gauge
 	seconds     prometheus.Histogram
 	syncs       *prometheus.CounterVec
+	kinds       *prometheus.CounterVec
 }
 
 func newLoopMetrics() *loopMetrics {
@@ -382,11 +541,17 @@ func newLoopMetrics() *loopMetrics {
 			Name: "skein_route_syncs_total",
 			Help: "Syncs of the remote routes, by result (ok or error).",
 		}, []string{"result"}),
+		kinds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "skein_route_sync_kinds_total",
+			Help: "Syncs of the remote routes by kind: full (every block: at start, periodically, after a failure) or incremental (the blocks a change touched).",
+		}, []string{"kind"}),
 	}
 	m.blocks.WithLabelValues("installed")
 	m.blocks.WithLabelValues("missing")
 	m.syncs.WithLabelValues("ok")
 	m.syncs.WithLabelValues("error")
+	m.kinds.WithLabelValues("full")
+	m.kinds.WithLabelValues("incremental")
 	return m
 }
 
@@ -399,6 +564,8 @@ func (m *loopMetrics) observe(took time.Duration, err error) {
 	}
 }
 
+func (m *loopMetrics) kind(k string) { m.kinds.WithLabelValues(k).Inc() }
+
 func (m *loopMetrics) set(installed, missing, unreachable int) {
 	m.blocks.WithLabelValues("installed").Set(float64(installed))
 	m.blocks.WithLabelValues("missing").Set(float64(missing))
@@ -406,5 +573,5 @@ func (m *loopMetrics) set(installed, missing, unreachable int) {
 }
 
 func (m *loopMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.blocks, m.unreachable, m.seconds, m.syncs}
+	return []prometheus.Collector{m.blocks, m.unreachable, m.seconds, m.syncs, m.kinds}
 }

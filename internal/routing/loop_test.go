@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -584,4 +585,160 @@ func TestLoopEventInterval(t *testing.T) {
 	if n != 3 {
 		t.Errorf("%d 'not routed' log lines, want 3 (one per change)", n)
 	}
+}
+
+// fakeUpdater is a fakeSyncer that is an Updater: Update installs what
+// Sync would for the remotes given, and records the blocks it was asked
+// for; it fails while updateFailures > 0 and wants a full sync while
+// wantFull.
+type fakeUpdater struct {
+	*fakeSyncer
+	umu            sync.Mutex
+	updates        [][]netip.Prefix
+	updateFailures int
+	wantFull       bool
+}
+
+func (f *fakeUpdater) Update(ctx context.Context, blocks []netip.Prefix, remotes []Remote) ([]Status, error) {
+	f.umu.Lock()
+	defer f.umu.Unlock()
+	if f.wantFull {
+		return nil, ErrFullSync
+	}
+	f.updates = append(f.updates, slices.Clone(blocks))
+	if f.updateFailures > 0 {
+		f.updateFailures--
+		return nil, errors.New("netlink: no buffer space")
+	}
+	f.fakeSyncer.mu.Lock()
+	calls := f.calls
+	f.fakeSyncer.mu.Unlock()
+	st, err := f.fakeSyncer.Sync(ctx, remotes)
+	f.fakeSyncer.mu.Lock()
+	f.calls = calls // not a full sync
+	f.fakeSyncer.mu.Unlock()
+	return st, err
+}
+
+func (f *fakeUpdater) lastUpdate() []string {
+	f.umu.Lock()
+	defer f.umu.Unlock()
+	if len(f.updates) == 0 {
+		return nil
+	}
+	var out []string
+	for _, p := range f.updates[len(f.updates)-1] {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+func (f *fakeUpdater) nupdates() int {
+	f.umu.Lock()
+	defer f.umu.Unlock()
+	return len(f.updates)
+}
+
+// TestLoopIncremental: after the first (full) sync, a change hands the
+// Updater only the blocks it touched — a block added, one deleted, every
+// block of a node whose address changed, a block moving to another node
+// — and no full sync runs; the statuses are those a full sync gives. A
+// snapshot with no change for routes updates nothing. A failed update
+// makes the next sync full, as does ErrFullSync; SyncNow is always full.
+func TestLoopIncremental(t *testing.T) {
+	base := []Remote{
+		remote("10.1.0.0/27", "n2", "192.0.2.2"), remote("10.1.0.32/27", "n2", "192.0.2.2"),
+		remote("10.1.0.64/27", "n3", "192.0.2.3"),
+	}
+	src := newFakeSource(snapOf(base...))
+	sy := &fakeUpdater{fakeSyncer: newFakeSyncer()}
+	l, err := NewLoop(LoopOptions{Mode: ModeDirect, Source: src, Syncer: sy, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := l.SyncChanges(ctx); err != nil { // nothing known yet: full
+		t.Fatal(err)
+	}
+	if sy.ncalls() != 1 || sy.nupdates() != 0 {
+		t.Fatalf("first sync: %d full syncs, %d updates; want 1, 0", sy.ncalls(), sy.nupdates())
+	}
+	step := func(name string, rs []Remote, want ...string) {
+		t.Helper()
+		full := sy.ncalls()
+		src.set(snapOf(rs...))
+		if err := l.SyncChanges(ctx); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if sy.ncalls() != full {
+			t.Errorf("%s: a full sync ran", name)
+		}
+		if got := sy.lastUpdate(); !slices.Equal(got, want) {
+			t.Errorf("%s: updated %q, want %q", name, got, want)
+		}
+		// The statuses are a full sync's.
+		ref := newFakeSyncer()
+		wantSt, _ := ref.Sync(ctx, src.snap.Remotes)
+		slices.SortFunc(wantSt, statusOrder)
+		if got, _ := l.Statuses(); !slices.EqualFunc(got, wantSt, func(a, b Status) bool {
+			return a.Block == b.Block && a.Name == b.Name && a.Node == b.Node && a.Installed == b.Installed && a.Via == b.Via
+		}) {
+			t.Errorf("%s: statuses %+v, want %+v", name, got, wantSt)
+		}
+	}
+	added := append(slices.Clone(base), remote("10.1.0.96/27", "n3", "192.0.2.3"))
+	step("block added", added, "10.1.0.96/27")
+	step("block deleted", base, "10.1.0.96/27")
+	moved := slices.Clone(base)
+	moved[2] = remote("10.1.0.64/27", "n2", "192.0.2.2")
+	moved[2].Name = base[2].Name
+	step("block moved", moved, "10.1.0.64/27")
+	readdr := slices.Clone(moved)
+	for i := range readdr {
+		readdr[i].NodeAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.22")}
+	}
+	step("node address", readdr, "10.1.0.0/27", "10.1.0.32/27", "10.1.0.64/27")
+	// Unsorted snapshots are sorted first: the same remotes in another
+	// order are no change.
+	n := sy.nupdates()
+	src.set(snapOf(readdr[2], readdr[0], readdr[1]))
+	if err := l.SyncChanges(ctx); err != nil || sy.nupdates() != n || sy.ncalls() != 1 {
+		t.Errorf("no change: %v, %d updates (want %d), %d full syncs (want 1)", err, sy.nupdates(), n, sy.ncalls())
+	}
+
+	sy.umu.Lock()
+	sy.updateFailures = 1
+	sy.umu.Unlock()
+	src.set(snapOf(base...))
+	if err := l.SyncChanges(ctx); err == nil {
+		t.Fatal("a failed update: no error")
+	}
+	if err := l.SyncChanges(ctx); err != nil || sy.ncalls() != 2 {
+		t.Errorf("after a failed update: %v, %d full syncs; want the second", err, sy.ncalls())
+	}
+	sy.umu.Lock()
+	sy.wantFull = true
+	sy.umu.Unlock()
+	src.set(snapOf(added...))
+	if err := l.SyncChanges(ctx); err != nil || sy.ncalls() != 3 {
+		t.Errorf("ErrFullSync: %v, %d full syncs; want 3", err, sy.ncalls())
+	}
+	if err := l.SyncNow(ctx); err != nil || sy.ncalls() != 4 {
+		t.Errorf("SyncNow: %v, %d full syncs; want 4", err, sy.ncalls())
+	}
+}
+
+// TestLoopRunIncremental: Run applies a change with Update, and still
+// syncs fully every Resync.
+func TestLoopRunIncremental(t *testing.T) {
+	src := newFakeSource(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2")))
+	sy := &fakeUpdater{fakeSyncer: newFakeSyncer()}
+	runLoop(t, LoopOptions{Source: src, Syncer: sy, Resync: 300 * time.Millisecond, Coalesce: time.Millisecond})
+	sy.waitSyncs(t, 1)
+	src.set(snapOf(remote("10.1.0.0/27", "n2", "192.0.2.2"), remote("10.1.0.32/27", "n2", "192.0.2.2")))
+	eventually(t, func() bool { return sy.nupdates() == 1 })
+	if got := sy.lastUpdate(); !slices.Equal(got, []string{"10.1.0.32/27"}) || sy.ncalls() != 1 {
+		t.Errorf("change: updated %q with %d full syncs; want 10.1.0.32/27 and 1", got, sy.ncalls())
+	}
+	eventually(t, func() bool { return sy.ncalls() >= 2 }) // the Resync
 }

@@ -56,12 +56,17 @@ func sameRoute(have netlink.Route, want *netlink.Route) bool {
 		metric(&have) == metric(want) && len(have.MultiPath) == 0
 }
 
-// applyRoutes makes the routes tagged Protocol in Table exactly want: every
-// wanted route that the kernel does not hold as is gets replaced in, then
-// every other route of ours is deleted. A route the kernel refuses is
-// reported in failed (its block gets no route of ours at all); other errors
-// end the call.
-func (k *Kernel) applyRoutes(cur tableState, want map[netip.Prefix]*netlink.Route) (failed map[netip.Prefix]error, err error) {
+// applyRoutes makes the routes tagged Protocol in Table exactly want for
+// the prefixes of cur.own and want (cur must hold every route of ours of
+// those prefixes; a full Sync passes the whole table): every wanted route
+// that the kernel does not hold as is gets replaced in, then every other
+// route of ours is deleted. With exclusive, a wanted route of a prefix
+// where cur has none of ours is added, not replaced: Update reads no
+// table, and a route someone else made since the last full Sync must
+// fail (EEXIST), not be overwritten. A route the kernel refuses is
+// reported in failed (its block gets no route of ours at all); other
+// errors end the call.
+func (k *Kernel) applyRoutes(cur tableState, want map[netip.Prefix]*netlink.Route, exclusive bool) (failed map[netip.Prefix]error, err error) {
 	failed = map[netip.Prefix]error{}
 	for p, w := range want {
 		ok := false
@@ -74,7 +79,14 @@ func (k *Kernel) applyRoutes(cur tableState, want map[netip.Prefix]*netlink.Rout
 		if ok {
 			continue
 		}
-		if err := k.h.RouteReplace(w); err != nil {
+		add := k.h.RouteReplace
+		if exclusive && len(cur.own[p]) == 0 {
+			add = k.h.RouteAdd
+		}
+		if err := add(w); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				err = fmt.Errorf("table %d already holds a route for the block that skein did not make (%w)", k.cfg.Table, err)
+			}
 			failed[p] = err
 		}
 	}
@@ -102,7 +114,7 @@ func (k *Kernel) setRoutes(want map[netip.Prefix]*netlink.Route) error {
 	if err != nil {
 		return err
 	}
-	_, err = k.applyRoutes(cur, want)
+	_, err = k.applyRoutes(cur, want, false)
 	return err
 }
 
@@ -173,6 +185,39 @@ func (k *Kernel) syncDirect(ctx context.Context, remotes []Remote) ([]Status, er
 	if err != nil {
 		return nil, err
 	}
+	out, want := k.planDirect(remotes, cur)
+	failed, err := k.applyRoutes(cur, want, false)
+	if err != nil {
+		return nil, err
+	}
+	finishDirect(out, failed)
+	// What the vxlan mode left: its routes were replaced above or deleted
+	// as stale; the device goes last.
+	if err := k.deleteDevice(); err != nil {
+		return out, err
+	}
+	k.last = &applied{mode: ModeDirect, table: tableState{own: map[netip.Prefix][]netlink.Route{}, foreign: cur.foreign}}
+	k.last.setRoutes(cur, want, failed)
+	return out, nil
+}
+
+// updateDirect is syncDirect for the blocks of scope alone, against the
+// last Sync's record instead of the kernel's table.
+func (k *Kernel) updateDirect(scope map[netip.Prefix]bool, remotes []Remote) ([]Status, error) {
+	cur := k.last.scoped(scope)
+	out, want := k.planDirect(remotes, cur)
+	failed, err := k.applyRoutes(cur, want, true)
+	if err != nil {
+		return nil, err
+	}
+	finishDirect(out, failed)
+	k.last.setRoutes(cur, want, failed)
+	return out, nil
+}
+
+// planDirect is the direct mode's route for each remote that can have
+// one, and the statuses (Via set, Installed not yet) of all.
+func (k *Kernel) planDirect(remotes []Remote, cur tableState) ([]Status, map[netip.Prefix]*netlink.Route) {
 	out := make([]Status, len(remotes))
 	want := map[netip.Prefix]*netlink.Route{}
 	owner := map[netip.Prefix]int{}
@@ -216,10 +261,11 @@ func (k *Kernel) syncDirect(ctx context.Context, remotes []Remote) ([]Status, er
 		want[rm.Block] = route
 		out[i].Via = via
 	}
-	failed, err := k.applyRoutes(cur, want)
-	if err != nil {
-		return nil, err
-	}
+	return out, want
+}
+
+// finishDirect marks the planned statuses installed, or why not.
+func finishDirect(out []Status, failed map[netip.Prefix]error) {
 	for i := range out {
 		if out[i].Reason != "" {
 			out[i].Via = netip.Addr{}
@@ -232,10 +278,4 @@ func (k *Kernel) syncDirect(ctx context.Context, remotes []Remote) ([]Status, er
 		}
 		out[i].Installed = true
 	}
-	// What the vxlan mode left: its routes were replaced above or deleted
-	// as stale; the device goes last.
-	if err := k.deleteDevice(); err != nil {
-		return out, err
-	}
-	return out, nil
 }

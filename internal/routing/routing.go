@@ -15,7 +15,10 @@
 // the kernel holds under its tags (its table and route protocol, its
 // device), adds and replaces before it deletes, never touches what it did
 // not make, and reports per block what it applied. A restart rebuilds the
-// same state from the API and the kernel.
+// same state from the API and the kernel. Between full syncs (at start and
+// every 30 s) the Loop hands the kernel side only what a change touched
+// (Kernel.Update: the routes and entries of those blocks, written against
+// the record of the last Sync instead of dumps of the kernel).
 //
 // The kernel side (Kernel, Linux only) owns exactly: routes in its table
 // (default 120) tagged with its protocol (32), the rules "from all lookup

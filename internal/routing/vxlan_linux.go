@@ -225,11 +225,108 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, err
 	if err != nil {
 		return nil, err
 	}
+	plan := k.planVXLAN(remotes, cur, local, dev)
 
-	out := make([]Status, len(remotes))
-	wantFDB := map[string]netip.Addr{} // MAC -> peer
-	wantNeigh := map[netip.Addr]net.HardwareAddr{}
-	wantRoute := map[netip.Prefix]*netlink.Route{}
+	// Add and replace: FDB, then neighbours, then routes (which also
+	// deletes stale routes), then the stale neighbours and FDB entries.
+	fdb, err := k.h.NeighList(dev, unix.AF_BRIDGE)
+	if err != nil {
+		return nil, fmt.Errorf("list fdb of %s: %w", k.cfg.VXLAN.Device, err)
+	}
+	haveFDB := map[string]bool{}
+	for _, n := range fdb {
+		if n.LinkIndex == dev && n.State&netlink.NUD_PERMANENT != 0 && plan.fdb[n.HardwareAddr.String()] == addrOf(n.IP) {
+			haveFDB[n.HardwareAddr.String()] = true
+		}
+	}
+	for m, peer := range plan.fdb {
+		if haveFDB[m] {
+			continue
+		}
+		if err := k.setFDB(dev, m, peer); err != nil {
+			return nil, err
+		}
+	}
+	var neighs []netlink.Neigh
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		ns, err := k.h.NeighList(dev, fam)
+		if err != nil {
+			return nil, fmt.Errorf("list neighbours of %s: %w", k.cfg.VXLAN.Device, err)
+		}
+		neighs = append(neighs, ns...)
+	}
+	haveNeigh := map[netip.Addr]bool{}
+	for _, n := range neighs {
+		if n.LinkIndex == dev && n.State == netlink.NUD_PERMANENT && bytes.Equal(n.HardwareAddr, plan.neigh[addrOf(n.IP)]) {
+			haveNeigh[addrOf(n.IP)] = true
+		}
+	}
+	neighFailed := map[netip.Addr]error{}
+	for gw, mac := range plan.neigh {
+		if haveNeigh[gw] {
+			continue
+		}
+		if err := k.setNeigh(dev, gw, mac); err != nil {
+			neighFailed[gw] = err
+		}
+	}
+	plan.dropFailed(neighFailed)
+	failed, err := k.applyRoutes(cur, plan.route, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range neighs {
+		if n.LinkIndex != dev || n.State != netlink.NUD_PERMANENT || haveNeigh[addrOf(n.IP)] {
+			continue
+		}
+		if _, wanted := plan.neigh[addrOf(n.IP)]; wanted && neighFailed[addrOf(n.IP)] == nil {
+			continue // replaced above
+		}
+		if err := k.h.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("delete stale neighbour %s on %s: %w", n.IP, k.cfg.VXLAN.Device, err)
+		}
+	}
+	for _, n := range fdb {
+		if n.LinkIndex != dev {
+			continue
+		}
+		if peer, ok := plan.fdb[n.HardwareAddr.String()]; ok && peer == addrOf(n.IP) {
+			continue
+		}
+		if err := k.h.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("delete stale fdb %s dst %s on %s: %w", n.HardwareAddr, n.IP, k.cfg.VXLAN.Device, err)
+		}
+	}
+	finishVXLAN(plan.out, neighFailed, failed)
+
+	last := &applied{mode: ModeVXLAN, local: local, dev: dev,
+		table: tableState{own: map[netip.Prefix][]netlink.Route{}, foreign: cur.foreign},
+		fdb:   plan.fdb, neigh: map[netip.Addr]net.HardwareAddr{}, macOf: map[netip.Prefix]string{},
+		macUse: map[string]int{}, gwUse: map[netip.Addr]int{}}
+	last.setRoutes(cur, plan.route, failed)
+	for gw, mac := range plan.neigh {
+		if neighFailed[gw] == nil {
+			last.neigh[gw] = mac
+		}
+	}
+	last.setMACs(nil, plan.mac)
+	k.last = last
+	return plan.out, nil
+}
+
+// vxlanPlan is what the vxlan mode wants for some remotes.
+type vxlanPlan struct {
+	out   []Status                        // Via set, Installed not yet
+	fdb   map[string]netip.Addr           // MAC → peer
+	neigh map[netip.Addr]net.HardwareAddr // gateway (block address) → MAC
+	route map[netip.Prefix]*netlink.Route
+	mac   map[netip.Prefix]string // block → its peer's MAC
+}
+
+func (k *Kernel) planVXLAN(remotes []Remote, cur tableState, local netip.Addr, dev int) vxlanPlan {
+	plan := vxlanPlan{out: make([]Status, len(remotes)), fdb: map[string]netip.Addr{}, neigh: map[netip.Addr]net.HardwareAddr{},
+		route: map[netip.Prefix]*netlink.Route{}, mac: map[netip.Prefix]string{}}
+	out := plan.out
 	owner := map[netip.Prefix]int{}
 	for i, rm := range remotes {
 		out[i].Remote = rm
@@ -250,99 +347,31 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, err
 			continue
 		}
 		mac := MACFor(peer)
-		wantFDB[mac.String()] = peer
+		plan.fdb[mac.String()] = peer
+		plan.mac[rm.Block] = mac.String()
 		gw := rm.Block.Addr()
-		wantNeigh[gw] = mac
-		wantRoute[rm.Block] = &netlink.Route{
+		plan.neigh[gw] = mac
+		plan.route[rm.Block] = &netlink.Route{
 			Dst: ipNet(rm.Block), Gw: gw.AsSlice(), LinkIndex: dev, Flags: int(netlink.FLAG_ONLINK),
 			Table: k.cfg.Table, Protocol: netlink.RouteProtocol(k.cfg.Protocol), Type: unix.RTN_UNICAST,
 		}
 		out[i].Via = peer
 	}
+	return plan
+}
 
-	// Add and replace: FDB, then neighbours, then routes (which also
-	// deletes stale routes), then the stale neighbours and FDB entries.
-	fdb, err := k.h.NeighList(dev, unix.AF_BRIDGE)
-	if err != nil {
-		return nil, fmt.Errorf("list fdb of %s: %w", k.cfg.VXLAN.Device, err)
-	}
-	haveFDB := map[string]bool{}
-	for _, n := range fdb {
-		if n.LinkIndex == dev && n.State&netlink.NUD_PERMANENT != 0 && wantFDB[n.HardwareAddr.String()] == addrOf(n.IP) {
-			haveFDB[n.HardwareAddr.String()] = true
+// dropFailed removes the routes whose neighbour entry the kernel refused:
+// no route without its neighbour.
+func (p vxlanPlan) dropFailed(neighFailed map[netip.Addr]error) {
+	for b, r := range p.route {
+		if neighFailed[addrOf(r.Gw)] != nil {
+			delete(p.route, b)
 		}
 	}
-	for m, peer := range wantFDB {
-		if haveFDB[m] {
-			continue
-		}
-		mac, _ := net.ParseMAC(m)
-		n := &netlink.Neigh{LinkIndex: dev, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
-			State: netlink.NUD_PERMANENT, HardwareAddr: mac, IP: peer.AsSlice()}
-		if err := k.h.NeighSet(n); err != nil {
-			return nil, fmt.Errorf("fdb %s dst %s: %w", m, peer, err)
-		}
-	}
-	var neighs []netlink.Neigh
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		ns, err := k.h.NeighList(dev, fam)
-		if err != nil {
-			return nil, fmt.Errorf("list neighbours of %s: %w", k.cfg.VXLAN.Device, err)
-		}
-		neighs = append(neighs, ns...)
-	}
-	haveNeigh := map[netip.Addr]bool{}
-	for _, n := range neighs {
-		if n.LinkIndex == dev && n.State == netlink.NUD_PERMANENT && bytes.Equal(n.HardwareAddr, wantNeigh[addrOf(n.IP)]) {
-			haveNeigh[addrOf(n.IP)] = true
-		}
-	}
-	neighFailed := map[netip.Addr]error{}
-	for ip, mac := range wantNeigh {
-		if haveNeigh[ip] {
-			continue
-		}
-		fam := netlink.FAMILY_V4
-		if ip.Is6() {
-			fam = netlink.FAMILY_V6
-		}
-		n := &netlink.Neigh{LinkIndex: dev, Family: fam, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
-		if err := k.h.NeighSet(n); err != nil {
-			neighFailed[ip] = err
-		}
-	}
-	for p, ip := range wantRoute {
-		if err := neighFailed[addrOf(ip.Gw)]; err != nil {
-			delete(wantRoute, p) // no route without its neighbour
-		}
-	}
-	failed, err := k.applyRoutes(cur, wantRoute)
-	if err != nil {
-		return nil, err
-	}
-	for _, n := range neighs {
-		if n.LinkIndex != dev || n.State != netlink.NUD_PERMANENT || haveNeigh[addrOf(n.IP)] {
-			continue
-		}
-		if _, wanted := wantNeigh[addrOf(n.IP)]; wanted && neighFailed[addrOf(n.IP)] == nil {
-			continue // replaced above
-		}
-		if err := k.h.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("delete stale neighbour %s on %s: %w", n.IP, k.cfg.VXLAN.Device, err)
-		}
-	}
-	for _, n := range fdb {
-		if n.LinkIndex != dev {
-			continue
-		}
-		if peer, ok := wantFDB[n.HardwareAddr.String()]; ok && peer == addrOf(n.IP) {
-			continue
-		}
-		if err := k.h.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("delete stale fdb %s dst %s on %s: %w", n.HardwareAddr, n.IP, k.cfg.VXLAN.Device, err)
-		}
-	}
+}
 
+// finishVXLAN marks the planned statuses installed, or why not.
+func finishVXLAN(out []Status, neighFailed map[netip.Addr]error, failed map[netip.Prefix]error) {
 	for i := range out {
 		if out[i].Reason != "" {
 			continue
@@ -359,5 +388,24 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, err
 		}
 		out[i].Via = netip.Addr{}
 	}
-	return out, nil
+}
+
+// setFDB adds or replaces the permanent FDB entry mac → peer.
+func (k *Kernel) setFDB(dev int, mac string, peer netip.Addr) error {
+	hw, _ := net.ParseMAC(mac)
+	n := &netlink.Neigh{LinkIndex: dev, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
+		State: netlink.NUD_PERMANENT, HardwareAddr: hw, IP: peer.AsSlice()}
+	if err := k.h.NeighSet(n); err != nil {
+		return fmt.Errorf("fdb %s dst %s: %w", mac, peer, err)
+	}
+	return nil
+}
+
+// setNeigh adds or replaces the permanent neighbour entry gw → mac.
+func (k *Kernel) setNeigh(dev int, gw netip.Addr, mac net.HardwareAddr) error {
+	fam := netlink.FAMILY_V4
+	if gw.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	return k.h.NeighSet(&netlink.Neigh{LinkIndex: dev, Family: fam, State: netlink.NUD_PERMANENT, IP: gw.AsSlice(), HardwareAddr: mac})
 }

@@ -9,6 +9,8 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,19 +33,39 @@ func init() {
 	utilruntime.Must(skeinv1.AddToScheme(scheme))
 }
 
-// WatchOptions configures NewWatcher. Config and Node are required.
+// WatchOptions configures NewWatcher. Node, and Config or Cache, are
+// required.
 type WatchOptions struct {
-	// Config reaches the API server.
+	// Config reaches the API server (for a cache of the Watcher's own).
 	Config *rest.Config
+	// Cache, if set, is read instead of informers of the Watcher's own:
+	// skeind shares one cache between its store, routing and egress. It
+	// must hold what CacheObjects describes (every AddressBlock, every
+	// Node, slimmed or not); the caller starts it and waits for it to sync
+	// before NewWatcher, and stops it after Close.
+	Cache cache.Cache
 	// Node is this node's name: its blocks are not remote.
 	Node string
 	// SyncTimeout bounds the wait for the caches in NewWatcher; 0 = 1 minute.
 	SyncTimeout time.Duration
+	// Logger; nil = slog.Default().
+	Logger *slog.Logger
 }
 
-// Watcher holds every AddressBlock and Node of the cluster in a cache of
-// its own (kubestore's holds only this node's blocks) and turns them into
-// the remote blocks routes are wanted for. Reading it costs no API
+// CacheObjects are the kinds a Watcher reads and how a cache may hold
+// them, for a cache shared with others (WatchOptions.Cache): every
+// AddressBlock (a zero ByObject: as it is, the cache's defaults), and
+// every Node kept slim. A cache holding full Nodes works too.
+func CacheObjects() map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&skeinv1.AddressBlock{}: {},
+		&corev1.Node{}:          {Transform: slimNode},
+	}
+}
+
+// Watcher reads every AddressBlock and Node of the cluster from a cache
+// (its own, or one shared with skeind's store and egress) and turns them
+// into the remote blocks routes are wanted for. Reading it costs no API
 // request: a change arrives as a watch event, and Snapshot reads memory.
 //
 // Nodes are kept slim (name, UID, the address annotation, the addresses):
@@ -51,11 +73,26 @@ type WatchOptions struct {
 // thousands. Node heartbeats, and block updates that do not move a route
 // (finalizers, deletion while the node still holds the block), do not
 // signal a change.
+//
+// A block's route leads to the node named in its nodeName, the owner the
+// API server keeps immutable; only a block without one (made by the
+// retired BlockRequest protocol, before its node adopts it) is routed to
+// the node of its skein.dev/node label. A block whose label names
+// another node than its nodeName is not routed at all (and logged once):
+// labels are mutable, and a node that could relabel another's blocks
+// must not draw their traffic.
 type Watcher struct {
 	node    string
 	cache   cache.Cache
 	stop    context.CancelFunc
 	changed chan struct{}
+	log     *slog.Logger
+	// handlers are the event handlers on a shared cache's informers,
+	// removed by Close.
+	handlers []func() error
+
+	mu      sync.Mutex
+	refused map[string]string // block name → why it is not routed, as logged
 }
 
 // NodeInfo is what a Snapshot knows of one Node.
@@ -72,37 +109,43 @@ type NodeInfo struct {
 // Snapshot is the routing view of the cluster at one moment.
 type Snapshot struct {
 	// Remotes are the blocks of the other nodes, one per address family,
-	// sorted by Block.
+	// sorted by Block, then Name.
 	Remotes []Remote
 	// Nodes are the Node objects by name, this node's among them.
 	Nodes map[string]NodeInfo
 }
 
-// NewWatcher starts the informers and waits until they have synced.
+// NewWatcher starts the informers and waits until they have synced; with
+// WatchOptions.Cache it reads that cache instead.
 func NewWatcher(ctx context.Context, o WatchOptions) (_ *Watcher, err error) {
-	if o.Config == nil || o.Node == "" {
-		return nil, errors.New("routing watcher: Config and Node are required")
+	if o.Config == nil && o.Cache == nil || o.Node == "" {
+		return nil, errors.New("routing watcher: Node, and Config or Cache, are required")
 	}
 	if o.SyncTimeout == 0 {
 		o.SyncTimeout = time.Minute
 	}
-	c, err := cache.New(o.Config, cache.Options{
-		Scheme:           scheme,
-		DefaultTransform: cache.TransformStripManagedFields(),
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Node{}: {Transform: slimNode},
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes cache: %w", err)
+	c, own := o.Cache, o.Cache == nil
+	if own {
+		c, err = cache.New(o.Config, cache.Options{
+			Scheme:           scheme,
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject:         configured(CacheObjects()),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes cache: %w", err)
+		}
 	}
 	runCtx, stop := context.WithCancel(context.Background())
+	// GetInformer waits for a shared cache's informer to sync (one the
+	// caller did not start would be started here): bounded too.
+	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
+	defer cancel()
+	w := &Watcher{node: o.Node, cache: c, stop: stop, changed: make(chan struct{}, 1), log: logger(o.Logger), refused: map[string]string{}}
 	defer func() {
 		if err != nil {
-			stop()
+			w.Close()
 		}
 	}()
-	w := &Watcher{node: o.Node, cache: c, stop: stop, changed: make(chan struct{}, 1)}
 	for _, h := range []struct {
 		obj      client.Object
 		relevant func(old, new any) bool
@@ -110,12 +153,12 @@ func NewWatcher(ctx context.Context, o WatchOptions) (_ *Watcher, err error) {
 		{&skeinv1.AddressBlock{}, blockChanged},
 		{&corev1.Node{}, nodeChanged},
 	} {
-		inf, err := c.GetInformer(runCtx, h.obj)
+		inf, err := c.GetInformer(syncCtx, h.obj)
 		if err != nil {
 			return nil, fmt.Errorf("informer for %T: %w", h.obj, err)
 		}
 		relevant := h.relevant
-		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(any) { w.kick() },
 			UpdateFunc: func(old, new any) {
 				if relevant(old, new) {
@@ -123,21 +166,33 @@ func NewWatcher(ctx context.Context, o WatchOptions) (_ *Watcher, err error) {
 				}
 			},
 			DeleteFunc: func(any) { w.kick() },
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, fmt.Errorf("event handler for %T: %w", h.obj, err)
 		}
+		if !own {
+			w.handlers = append(w.handlers, func() error { return inf.RemoveEventHandler(reg) })
+		}
+	}
+	if !own {
+		return w, nil
 	}
 	go c.Start(runCtx) //nolint:errcheck // ends with runCtx
-	syncCtx, cancel := context.WithTimeout(ctx, o.SyncTimeout)
-	defer cancel()
 	if !c.WaitForCacheSync(syncCtx) {
 		return nil, fmt.Errorf("kubernetes caches of %s did not sync within %v (is the API server reachable, and may this node list and watch Nodes and AddressBlocks?)", o.Config.Host, o.SyncTimeout)
 	}
 	return w, nil
 }
 
-// Close stops the informers.
-func (w *Watcher) Close() { w.stop() }
+// Close stops the informers of its own, or stops listening to a shared
+// cache (which goes on).
+func (w *Watcher) Close() {
+	w.stop()
+	for _, remove := range w.handlers {
+		remove() //nolint:errcheck // fails only for a handler already gone
+	}
+	w.handlers = nil
+}
 
 // Changed receives a value after something that may move a route has
 // changed; many changes may arrive as one.
@@ -150,8 +205,9 @@ func (w *Watcher) kick() {
 	}
 }
 
-// Snapshot reads the cache. Blocks whose node label is this node's, or
-// missing, are left out; so are slices that do not parse (the API's
+// Snapshot reads the cache. This node's blocks are left out, and so are
+// blocks without an owner, blocks whose owner label disagrees with their
+// nodeName (see Watcher), and slices that do not parse (the API's
 // validation should have refused them). A block being deleted still gets
 // its route: its node may hold addresses in it until it lets go.
 func (w *Watcher) Snapshot(ctx context.Context) (Snapshot, error) {
@@ -163,15 +219,25 @@ func (w *Watcher) Snapshot(ctx context.Context) (Snapshot, error) {
 	if err := w.cache.List(ctx, &blocks, client.UnsafeDisableDeepCopy); err != nil {
 		return Snapshot{}, fmt.Errorf("list AddressBlocks: %w", err)
 	}
-	snap := Snapshot{Nodes: make(map[string]NodeInfo, len(nodes.Items)), Remotes: make([]Remote, 0, 2*len(blocks.Items))}
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
+	return w.snapshotOf(nodes.Items, blocks.Items), nil
+}
+
+// snapshotOf builds a Snapshot from the cache's objects.
+func (w *Watcher) snapshotOf(nodes []corev1.Node, blocks []skeinv1.AddressBlock) Snapshot {
+	snap := Snapshot{Nodes: make(map[string]NodeInfo, len(nodes)), Remotes: make([]Remote, 0, 2*len(blocks))}
+	for i := range nodes {
+		n := &nodes[i]
 		addrs, bad := NodeAddresses(n)
 		snap.Nodes[n.Name] = NodeInfo{Name: n.Name, UID: n.UID, Addrs: addrs, BadAnnotation: bad}
 	}
-	for i := range blocks.Items {
-		b := &blocks.Items[i]
-		node := b.Labels[skeinv1.LabelNode]
+	refused := map[string]string{}
+	for i := range blocks {
+		b := &blocks[i]
+		node, why := BlockOwner(b)
+		if why != "" {
+			refused[b.Name] = why
+			continue
+		}
 		if node == "" || node == w.node {
 			continue
 		}
@@ -186,10 +252,41 @@ func (w *Watcher) Snapshot(ctx context.Context) (Snapshot, error) {
 			snap.Remotes = append(snap.Remotes, Remote{Block: p.Masked(), Name: b.Name, Node: node, NodeAddrs: snap.Nodes[node].Addrs})
 		}
 	}
+	w.logRefused(refused)
+	// By block, then name: of two blocks claiming one prefix, the same
+	// one wins every time (Sync routes the first).
 	slices.SortFunc(snap.Remotes, func(a, b Remote) int {
-		return cmp.Or(a.Block.Addr().Compare(b.Block.Addr()), cmp.Compare(a.Block.Bits(), b.Block.Bits()))
+		return cmp.Or(a.Block.Addr().Compare(b.Block.Addr()), cmp.Compare(a.Block.Bits(), b.Block.Bits()), strings.Compare(a.Name, b.Name))
 	})
-	return snap, nil
+	return snap
+}
+
+// BlockOwner is the node a block's routes lead to: its nodeName, or for a
+// block without one (the retired BlockRequest protocol) its
+// skein.dev/node label; "" when it has neither. why says why a block is
+// not routed at all: its label names another node than its nodeName.
+func BlockOwner(b *skeinv1.AddressBlock) (node, why string) {
+	label := b.Labels[skeinv1.LabelNode]
+	switch {
+	case b.NodeName == "":
+		return label, ""
+	case label != "" && label != b.NodeName:
+		return "", fmt.Sprintf("its label %s=%s disagrees with its nodeName %s", skeinv1.LabelNode, label, b.NodeName)
+	}
+	return b.NodeName, ""
+}
+
+// logRefused logs each block newly refused (or refused for a new reason)
+// once, and forgets the blocks that are fine again or gone.
+func (w *Watcher) logRefused(now map[string]string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name, why := range now {
+		if w.refused[name] != why {
+			w.log.Warn("routing: AddressBlock not routed: "+why+" (only the node in nodeName may own it)", "block", name)
+		}
+	}
+	w.refused = now
 }
 
 // Self returns this node's Node, false when the cache has none.
@@ -236,7 +333,7 @@ func blockChanged(old, new any) bool {
 	if !ok1 || !ok2 {
 		return true
 	}
-	return o.Labels[skeinv1.LabelNode] != n.Labels[skeinv1.LabelNode] ||
+	return o.Labels[skeinv1.LabelNode] != n.Labels[skeinv1.LabelNode] || o.NodeName != n.NodeName ||
 		!ptrEqual(o.IPv4, n.IPv4) || !ptrEqual(o.IPv6, n.IPv6)
 }
 
@@ -250,4 +347,18 @@ func logger(l *slog.Logger) *slog.Logger {
 		return slog.Default()
 	}
 	return l
+}
+
+// configured leaves out the kinds without options: cache.New resolves
+// every kind of ByObject at once, and one whose CRD is missing should fail
+// where it is watched, with a message that says so.
+func configured(objs map[client.Object]cache.ByObject) map[client.Object]cache.ByObject {
+	out := map[client.Object]cache.ByObject{}
+	for obj, o := range objs {
+		if o.Namespaces != nil || o.Label != nil || o.Field != nil || o.Transform != nil || o.UnsafeDisableDeepCopy != nil ||
+			o.EnableWatchBookmarks != nil || o.SyncPeriod != nil {
+			out[obj] = o
+		}
+	}
+	return out
 }

@@ -2,9 +2,12 @@ package routing
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,10 +118,15 @@ func TestWatcher(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mkBlock := func(pool string, index int64, node string, v4, v6 string) *skeinv1.AddressBlock {
+	// mkBlock makes a block of the old protocol (the label only);
+	// mkOwned one with nodeName too (label "": none).
+	mkOwned := func(pool string, index int64, nodeName, label string, v4, v6 string) *skeinv1.AddressBlock {
 		t.Helper()
 		b := &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName(pool, uint32(index)),
-			Labels: map[string]string{skeinv1.LabelPool: pool, skeinv1.LabelNode: node}}, Index: index}
+			Labels: map[string]string{skeinv1.LabelPool: pool}}, Index: index, NodeName: nodeName}
+		if label != "" {
+			b.Labels[skeinv1.LabelNode] = label
+		}
 		if v4 != "" {
 			b.IPv4 = ptr.To(v4)
 		}
@@ -130,6 +138,10 @@ func TestWatcher(t *testing.T) {
 		}
 		return b
 	}
+	mkBlock := func(pool string, index int64, node string, v4, v6 string) *skeinv1.AddressBlock {
+		t.Helper()
+		return mkOwned(pool, index, "", node, v4, v6)
+	}
 	mkNode("w1", "", "10.0.0.1")
 	mkNode("w2", "", "10.0.0.2", "fd00::2")
 	mkNode("w3", "192.0.2.3", "10.0.0.3")
@@ -139,8 +151,22 @@ func TestWatcher(t *testing.T) {
 	mkBlock("p", 2, "w3", "10.64.0.64/27", "")
 	mkBlock("p", 3, "w4", "10.64.0.96/27", "")
 	mkBlock("p", 4, "gone", "10.64.0.128/27", "")
+	// Owned blocks: routed to their nodeName, label or not; this
+	// node's own left out; one whose label disagrees not routed at all.
+	mkOwned("q", 0, "w2", "w2", "10.65.0.0/27", "")
+	mkOwned("q", 1, "w3", "", "10.65.0.32/27", "")
+	mkOwned("q", 2, "w1", "w1", "10.65.0.64/27", "")
+	mkOwned("q", 3, "w3", "w2", "10.65.0.96/27", "")
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	refusals := func() int {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Count(logs.String(), "AddressBlock not routed")
+	}
 
-	w, err := NewWatcher(ctx, WatchOptions{Config: env.Config, Node: "w1"})
+	w, err := NewWatcher(ctx, WatchOptions{Config: env.Config, Node: "w1", Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,10 +180,18 @@ func TestWatcher(t *testing.T) {
 		"10.64.0.64/27 p-2 w3 [192.0.2.3]",
 		"10.64.0.96/27 p-3 w4 [10.0.0.4]",
 		"10.64.0.128/27 p-4 gone []",
+		"10.65.0.0/27 q-0 w2 [10.0.0.2 fd00::2]",
+		"10.65.0.32/27 q-1 w3 [192.0.2.3]",
 		"fd64::20/123 p-1 w2 [10.0.0.2 fd00::2]",
 	}
 	if got := remotesString(snap.Remotes); !slices.Equal(got, want) {
 		t.Errorf("remotes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if _, err := w.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := refusals(); n != 1 || !strings.Contains(logs.String(), "block=q-3") {
+		t.Errorf("%d refusals logged after two snapshots, want 1 of q-3:\n%s", n, logs.String())
 	}
 	if bad := snap.Nodes["w4"].BadAnnotation; bad == nil || !strings.Contains(bad.Error(), "not-an-address") {
 		t.Errorf("w4's bad annotation: %v", bad)
@@ -204,6 +238,21 @@ func TestWatcher(t *testing.T) {
 			}
 		}, "10.64.0.32/27 p-1 w2 [192.0.2.2]", "fd00::2"},
 		{"own block", func() { mkBlock("p", 6, "w1", "10.64.0.192/27", "") }, "", "p-6"},
+		// A node relabelling another node's block draws no route to
+		// itself: the block is no longer routed at all.
+		{"relabelled block", func() {
+			patch := client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"labels":{"skein.dev/node":"w3"}}}`))
+			if err := c.Patch(ctx, &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: "q-0"}}, patch); err != nil {
+				t.Fatal(err)
+			}
+		}, "", "q-0"},
+		// An old block adopted by its node (nodeName set) stays its.
+		{"adopted block", func() {
+			patch := client.RawPatch("application/merge-patch+json", []byte(`{"nodeName":"w3"}`))
+			if err := c.Patch(ctx, &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: "p-5"}}, patch); err != nil {
+				t.Fatal(err)
+			}
+		}, "10.64.0.160/27 p-5 w3 [192.0.2.3]", ""},
 	} {
 		step.do()
 		select {
@@ -220,6 +269,10 @@ func TestWatcher(t *testing.T) {
 		if step.want != "" && !strings.Contains(all, step.want) || step.gone != "" && strings.Contains(all, step.gone) {
 			t.Errorf("%s: remotes\n%s\nwant %q, not %q", step.name, all, step.want, step.gone)
 		}
+	}
+
+	if n := refusals(); n != 2 || !strings.Contains(logs.String(), "block=q-0") {
+		t.Errorf("%d refusals logged, want 2 (q-3 once, q-0):\n%s", n, logs.String())
 	}
 
 	// Events land on the Node object.
@@ -266,4 +319,31 @@ func remotesString(rs []Remote) []string {
 		out = append(out, r.Block.String()+" "+r.Name+" "+r.Node+" ["+joinAddrs(r.NodeAddrs)+"]")
 	}
 	return out
+}
+
+// BenchmarkSnapshot3000Blocks: building a Snapshot from a cache's 1,000
+// Nodes and 3,000 AddressBlocks (the part of every sync, full or not, that
+// reads the cluster).
+func BenchmarkSnapshot3000Blocks(b *testing.B) {
+	var nodes []corev1.Node
+	var blocks []skeinv1.AddressBlock
+	for n := 0; n < 1000; n++ {
+		name := fmt.Sprintf("node-%d", n)
+		nodes = append(nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.100.%d.%d", n>>8, n&255)}}}})
+		for i := 0; i < 3; i++ {
+			k := n*3 + i
+			blocks = append(blocks, skeinv1.AddressBlock{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%d", k), Labels: map[string]string{skeinv1.LabelNode: name}},
+				NodeName:   name, Index: int64(k), IPv4: ptr.To(fmt.Sprintf("10.%d.%d.%d/27", k>>11, (k>>3)&255, (k<<5)&255)),
+			})
+		}
+	}
+	w := &Watcher{node: "node-0", log: quietLogger(), refused: map[string]string{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if snap := w.snapshotOf(nodes, blocks); len(snap.Remotes) != 2997 {
+			b.Fatalf("%d remotes", len(snap.Remotes))
+		}
+	}
 }

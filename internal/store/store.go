@@ -44,6 +44,9 @@ type Pool struct {
 	// store: a deletion timestamp, blocks still held): no block of it may
 	// be claimed.
 	Deleting bool `json:"deleting,omitempty"`
+	// MaxBlocksPerNode caps the blocks one node holds (the Kubernetes
+	// store: AddressPool spec.maxBlocksPerNode); 0 = no cap.
+	MaxBlocksPerNode int `json:"maxBlocksPerNode,omitempty"`
 }
 
 // Block is one slice of a pool, owned by one node. Index counts blocks

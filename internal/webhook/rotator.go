@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +67,16 @@ func (r *rotator) Start(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// ready is the replica's readiness check: ready once a serving
+// certificate is loaded (before, every call the API server makes to it
+// fails its TLS handshake).
+func (r *rotator) ready(*http.Request) error {
+	if r.current.Load() == nil {
+		return errors.New("webhook serving certificate not loaded yet")
+	}
+	return nil
 }
 
 // getCertificate is the TLS server's: the certificate of the last check.
@@ -143,7 +154,16 @@ func (r *rotator) ensureSecret(ctx context.Context, force bool) (*certSet, error
 		var set *certSet
 		var why string
 		old, perr := parseCertSet(sec.Data, true)
+		cas, caErr := parseCertSet(sec.Data, false)
 		switch {
+		case perr != nil && caErr == nil:
+			// The serving certificate is damaged but the CAs are sound: a
+			// new one from the current CA, which the API server and the
+			// other replicas trust already. New CAs would leave every
+			// replica serving a certificate the new bundle does not trust
+			// until its next check.
+			why = "serving certificate unreadable (" + perr.Error() + "): reissued from the current CA"
+			set, err = cas.withLeaf(now, r.opts.Validity, names)
 		case perr != nil:
 			why = "unreadable: " + perr.Error()
 			set, err = newCertSet(now, r.opts.Validity, names)

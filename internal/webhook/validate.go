@@ -152,6 +152,34 @@ func validateOverlap(pool *skeinv1.AddressPool, others []skeinv1.AddressPool) fi
 	return errs
 }
 
+// validateLeftBlocks refuses a pool whose subnets overlap an AddressBlock
+// of another pool: a block that outlived its pool (deleted by force while
+// a node still had it) still routes its addresses to that node.
+func validateLeftBlocks(pool *skeinv1.AddressPool, blocks []skeinv1.AddressBlock) field.ErrorList {
+	mine := prefixes(pool)
+	var errs field.ErrorList
+	for _, b := range blocks {
+		if b.Labels[skeinv1.LabelPool] == pool.Name {
+			continue
+		}
+		for _, s := range []*string{b.IPv4, b.IPv6} {
+			if s == nil {
+				continue
+			}
+			bp, err := netip.ParsePrefix(*s)
+			if err != nil {
+				continue
+			}
+			if a, _, ok := ipam.Overlaps(mine, []netip.Prefix{bp}); ok {
+				errs = append(errs, field.Invalid(subnetsPath, a.String(),
+					fmt.Sprintf("%s overlaps AddressBlock %s (%s, node %s), which outlived pool %q: delete it first",
+						a, b.Name, bp, b.NodeName, b.Labels[skeinv1.LabelPool])))
+			}
+		}
+	}
+	return errs
+}
+
 // prefixes are the readable subnets of p (the schema and validateSpec
 // report the rest).
 func prefixes(p *skeinv1.AddressPool) []netip.Prefix {

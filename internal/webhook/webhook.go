@@ -89,8 +89,9 @@ func (o Options) names() []string {
 }
 
 // Add registers with mgr a webhook server on Options.Host:Port serving
-// the AddressPool validator at Path and the Egress validator at
-// PathEgress, and the certificate rotator that
+// the AddressPool validator at Path, the Egress validator at PathEgress
+// and the AddressBlock validator at PathBlock, and the certificate rotator
+// that
 // keeps its Secret and the caBundle current. Both run on every replica,
 // leader or not: the API server may call any replica behind the Service.
 //
@@ -121,8 +122,15 @@ func add(mgr manager.Manager, opts Options) (*rotator, error) {
 	srv.Register(Path, admission.WithValidator[*skeinv1.AddressPool](mgr.GetScheme(), v))
 	ev := &egressValidator{reader: mgr.GetAPIReader()}
 	srv.Register(PathEgress, admission.WithValidator[*skeinv1.Egress](mgr.GetScheme(), ev))
+	bv := &blockValidator{reader: mgr.GetClient()}
+	srv.Register(PathBlock, admission.WithValidator[*skeinv1.AddressBlock](mgr.GetScheme(), bv))
 	if err := mgr.Add(r); err != nil {
 		return nil, fmt.Errorf("add webhook certificate rotator: %w", err)
+	}
+	// Ready means able to answer: a Service sends the API server's calls
+	// only to ready replicas.
+	if err := mgr.AddReadyzCheck("webhook-certificate", r.ready); err != nil {
+		return nil, fmt.Errorf("add the webhook's readiness check: %w", err)
 	}
 	if err := mgr.Add(srv); err != nil {
 		return nil, fmt.Errorf("add webhook server on %s: %w", net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)), err)
@@ -153,7 +161,10 @@ func (v *poolValidator) ValidateCreate(ctx context.Context, pool *skeinv1.Addres
 	if err != nil {
 		return nil, err
 	}
-	return nil, ValidateCreate(pool, others)
+	if err := ValidateCreate(pool, others); err != nil {
+		return nil, err
+	}
+	return nil, v.leftBlocks(ctx, pool)
 }
 
 func (v *poolValidator) ValidateUpdate(ctx context.Context, old, pool *skeinv1.AddressPool) (admission.Warnings, error) {
@@ -161,7 +172,20 @@ func (v *poolValidator) ValidateUpdate(ctx context.Context, old, pool *skeinv1.A
 	if err != nil {
 		return nil, err
 	}
-	return nil, ValidateUpdate(old, pool, others)
+	if err := ValidateUpdate(old, pool, others); err != nil {
+		return nil, err
+	}
+	return nil, v.leftBlocks(ctx, pool)
+}
+
+// leftBlocks refuses pool when it overlaps a block of another pool (see
+// validateLeftBlocks); blocks are read from the API server.
+func (v *poolValidator) leftBlocks(ctx context.Context, pool *skeinv1.AddressPool) error {
+	var blocks skeinv1.AddressBlockList
+	if err := v.reader.List(ctx, &blocks); err != nil {
+		return fmt.Errorf("list AddressBlocks to check for blocks left by a deleted pool: %w", err)
+	}
+	return invalid(pool, validateLeftBlocks(pool, blocks.Items))
 }
 
 // ValidateDelete allows every delete: the pool's finalizer holds a pool

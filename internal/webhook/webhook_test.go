@@ -64,6 +64,7 @@ func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 	}
 	url := "https://127.0.0.1:" + strconv.Itoa(port) + Path
 	egressURL := "https://127.0.0.1:" + strconv.Itoa(port) + PathEgress
+	blockURL := "https://127.0.0.1:" + strconv.Itoa(port) + PathBlock
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: DefaultConfigName},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
@@ -92,6 +93,20 @@ func setup(t *testing.T, port int) (*kube.Env, client.Client) {
 				Rule: admissionregistrationv1.Rule{
 					APIGroups: []string{"skein.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"egresses"},
 					Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+				},
+			}},
+		}, {
+			Name:                    "addressblocks.skein.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &blockURL},
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			TimeoutSeconds:          ptr.To[int32](5),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{"skein.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addressblocks"},
+					Scope: ptr.To(admissionregistrationv1.ClusterScope),
 				},
 			}},
 		}},
@@ -281,7 +296,11 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 		t.Fatalf("valid pool after rotation: %v", err)
 	}
 
-	// A damaged Secret is replaced by a fresh set on the next check.
+	// A damaged serving certificate is reissued from the current CA on the
+	// next check: the CAs, which the API server and other replicas trust,
+	// stay.
+	intact := secretSet(t, c)
+	bundleBefore := caBundle(t, c)
 	sec := &corev1.Secret{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: DefaultSecretName}, sec); err != nil {
 		t.Fatal(err)
@@ -296,6 +315,15 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 	fresh := secretSet(t, c)
 	if !bytes.Equal(caBundle(t, c), fresh.data[keyCABundle]) || served(t, port) != fresh.leaf.SerialNumber.String() {
 		t.Fatal("damaged Secret not replaced, patched and served")
+	}
+	if !fresh.ca.Equal(intact.ca) || !fresh.next.Equal(intact.next) || !bytes.Equal(caBundle(t, c), bundleBefore) {
+		t.Fatal("the CAs were replaced though only the serving certificate was damaged")
+	}
+	if err := r.ready(nil); err != nil {
+		t.Fatalf("ready with a certificate loaded: %v", err)
+	}
+	if err := (&rotator{}).ready(nil); err == nil {
+		t.Fatal("a replica with no certificate loaded reports ready")
 	}
 	waitServing(t, c)
 }
@@ -352,8 +380,17 @@ func TestManifestMatchesDefaults(t *testing.T) {
 	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096).Decode(&cfg); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Name != DefaultConfigName || len(cfg.Webhooks) != 2 {
-		t.Fatalf("configuration %q with %d webhooks, want %q with 2 (pools, egresses)", cfg.Name, len(cfg.Webhooks), DefaultConfigName)
+	if cfg.Name != DefaultConfigName || len(cfg.Webhooks) != 3 {
+		t.Fatalf("configuration %q with %d webhooks, want %q with 3 (pools, egresses, blocks)", cfg.Name, len(cfg.Webhooks), DefaultConfigName)
+	}
+	bw := cfg.Webhooks[2]
+	if svc := bw.ClientConfig.Service; svc == nil || svc.Name != DefaultServiceName || svc.Namespace != DefaultNamespace ||
+		svc.Path == nil || *svc.Path != PathBlock {
+		t.Errorf("block webhook clientConfig.service %+v, want %s/%s path %s", svc, DefaultNamespace, DefaultServiceName, PathBlock)
+	}
+	if r := bw.Rules; len(r) != 1 || len(r[0].Resources) != 1 || r[0].Resources[0] != "addressblocks" || len(r[0].Operations) != 1 ||
+		r[0].Operations[0] != admissionregistrationv1.Create {
+		t.Errorf("block webhook rules %+v, want CREATE of addressblocks", r)
 	}
 	eg := cfg.Webhooks[1]
 	if svc := eg.ClientConfig.Service; svc == nil || svc.Name != DefaultServiceName || svc.Namespace != DefaultNamespace ||
@@ -378,4 +415,58 @@ func TestManifestMatchesDefaults(t *testing.T) {
 	if len(r) != 1 || len(r[0].Resources) != 1 || r[0].Resources[0] != "addresspools" || len(r[0].Operations) != 2 {
 		t.Errorf("rules %+v, want CREATE and UPDATE of addresspools", r)
 	}
+}
+
+// A node's claim is checked against its pool through the API server: the
+// block's addresses must be its index's slices, its index in the pool,
+// and a node holds at most the pool's maxBlocksPerNode.
+func TestBlockClaimsChecked(t *testing.T) {
+	port := freePort(t)
+	env, c := setup(t, port)
+	startWebhook(t, env, Options{Port: port})
+	waitServing(t, c)
+	ctx := context.Background()
+	p := pool("small", 3, dual("10.64.0.0/28", "fd00:64::/124")) // 2 blocks of 8
+	p.Spec.MaxBlocksPerNode = 1
+	if err := c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	block := func(index int64, node, v4, v6 string) *skeinv1.AddressBlock {
+		return &skeinv1.AddressBlock{
+			ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("small", uint32(index)),
+				Labels: map[string]string{skeinv1.LabelPool: "small", skeinv1.LabelNode: node}},
+			NodeName: node, Index: index, IPv4: ptr.To(v4), IPv6: ptr.To(v6),
+		}
+	}
+	const denied = `admission webhook "addressblocks.skein.dev" denied the request`
+	refused(t, "another index's addresses", c.Create(ctx, block(0, "n1", "10.64.0.8/29", "fd00:64::8/125")), `block 0 of AddressPool small is "10.64.0.0/29"`)
+	refused(t, "an index past the pool", c.Create(ctx, block(2, "n1", "10.64.0.16/29", "fd00:64::10/125")), denied)
+	if err := c.Create(ctx, block(0, "n1", "10.64.0.0/29", "fd00:64::/125")); err != nil {
+		t.Fatalf("a right block refused: %v", err)
+	}
+	// The cache behind the count sees the first block within moments.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Create(ctx, block(1, "n1", "10.64.0.8/29", "fd00:64::8/125"), client.DryRunAll)
+		if err != nil && strings.Contains(err.Error(), "maxBlocksPerNode") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a second block of n1 (maxBlocksPerNode 1): %v, want refused", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.Create(ctx, block(1, "n2", "10.64.0.8/29", "fd00:64::8/125")); err != nil {
+		t.Fatalf("n2's first block refused: %v", err)
+	}
+	// The pool deleted by force while its blocks stay: a new pool over
+	// their addresses is refused while they are there.
+	if err := c.Delete(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for c.Get(ctx, client.ObjectKeyFromObject(p), &skeinv1.AddressPool{}) == nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	refused(t, "a pool over a block left by a deleted pool", c.Create(ctx, pool("over", 3, v4("10.64.0.0/24"))), "outlived pool")
 }

@@ -103,7 +103,25 @@ func clean(dryRun bool) error {
 			}
 		}
 	}
-	// 4. /run/netns back to what a fresh machine has: no mount, no
+	// 4. What the real runtimes create on their first run ever on a
+	// machine (harness.FirstRunPaths: dockerd's key, containerd's shim
+	// sockets, cnitool's cache, podman's lock): gone, so that the next run
+	// meets them absent, as on a machine where Docker never ran. Nothing
+	// else there is touched; a directory with other entries stays.
+	for _, p := range harness.FirstRunPaths {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if fi.IsDir() {
+			if ents, _ := os.ReadDir(p); len(ents) > 0 {
+				fmt.Printf("keeping %s: it holds %d entries a first run does not make\n", p, len(ents))
+				continue
+			}
+		}
+		do(p+" (a machine where the runtimes never ran has none)", func() error { return os.Remove(p) })
+	}
+	// 5. /run/netns back to what a fresh machine has: no mount, no
 	// directory. Only when nothing else is pinned there: unmounting it
 	// would hide those pins.
 	switch _, left := netnsDirState(); {
