@@ -6,23 +6,20 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/go-logr/logr"
+	"github.com/containernetworking/cni/pkg/types"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
-	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/kubenode"
@@ -96,43 +93,15 @@ func blockOf(t *testing.T, c client.Client, addr netip.Addr) *skeinv1.AddressBlo
 	return nil
 }
 
-func runBlockController(t *testing.T, env *kube.Env) (stop func()) {
-	t.Helper()
-	ctrl.SetLogger(logr.Discard())
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 kube.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &controller.BlockRequestReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // TestKubeStore runs real skeind binaries with --store kubernetes against a
-// real API server and the real BlockRequest reconciler: blocks come from
-// BlockRequests, a namespace's annotation picks the pool, ADDs that fit in
-// an owned block make no API write, emptied blocks are freed, a restart
-// keeps used blocks, and no controller means "try again" (code 11) with
-// nothing left behind.
+// real API server and no controller at all: each node claims its blocks
+// itself (one create of the AddressBlock <pool>-<index> naming it), a
+// namespace's annotation picks the pool, ADDs and DELs that fit in an
+// owned block make no API write, a claim is one, a block of a pool no pod
+// uses any more goes back after --block-min-age (not before), a restart
+// keeps the blocks in use and gives back one the node holds but does not
+// use, and a namespace naming a pool that does not exist fails clearly
+// with nothing left behind.
 func TestKubeStore(t *testing.T) {
 	harness.RequireRoot(t)
 	kenv := kube.Start(t, kube.Options{})
@@ -141,18 +110,21 @@ func TestKubeStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	bg := context.Background()
-	stopController := runBlockController(t, kenv)
+	pools := map[string]*skeinv1.AddressPool{}
 	for _, p := range []struct{ name, v4 string }{{"default", "10.90.0.0/24"}, {"blue", "10.91.0.0/24"}} {
-		if err := c.Create(bg, &skeinv1.AddressPool{
+		pools[p.name] = &skeinv1.AddressPool{
 			ObjectMeta: metav1.ObjectMeta{Name: p.name},
 			Spec:       skeinv1.AddressPoolSpec{Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To(p.v4)}}, BlockSizeBits: 3},
-		}); err != nil {
+		}
+		if err := c.Create(bg, pools[p.name]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, ns := range []*corev1.Namespace{
+		{ObjectMeta: metav1.ObjectMeta{Name: "skein-system"}}, // the nodes' Leases
 		{ObjectMeta: metav1.ObjectMeta{Name: "plain"}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "team-blue", Annotations: map[string]string{skeinv1.AnnotationPool: "blue"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "team-none", Annotations: map[string]string{skeinv1.AnnotationPool: "no-such-pool"}}},
 	} {
 		if err := c.Create(bg, ns); err != nil {
 			t.Fatal(err)
@@ -162,27 +134,38 @@ func TestKubeStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := startKubeNode(t, kc, "kn-a")
-	b := startKubeNode(t, kc, "kn-b", "--block-wait", "2s")
+	// A Lease of an hour is renewed every quarter of an hour: no renewal
+	// falls among the writes counted below.
+	const minAge = 3 * time.Second
+	args := []string{"--lease-duration", "1h", "--block-min-age", minAge.String()}
+	a := startKubeNode(t, kc, "kn-a", args...)
+	b := startKubeNode(t, kc, "kn-b", args...)
 	l := skeintest.ConfList(t, "kube", "1.1.0", a.d.SkeinPlugin(nil))
 	lb := skeintest.ConfList(t, "kube", "1.1.0", b.d.SkeinPlugin(nil))
 
-	// One pod on each node: each ADD needs a block, so each makes a
-	// BlockRequest; the two blocks differ and carry their node's label.
+	// One pod on each node, each in a block its node claimed: named
+	// <pool>-<index>, owned (nodeName and label) by the node, of pool
+	// default, its owner the pool. No controller runs: nobody else
+	// could have made them.
 	pa := podIn(a, t, l, "plain", "pa")
 	pb := podIn(b, t, lb, "plain", "pb")
 	ba, bb := blockOf(t, c, pa.addrs[0]), blockOf(t, c, pb.addrs[0])
 	if ba == nil || bb == nil || ba.Name == bb.Name {
 		t.Fatalf("pods' blocks %v and %v: want two distinct blocks", ba, bb)
 	}
-	if ba.Labels[skeinv1.LabelNode] != "kn-a" || bb.Labels[skeinv1.LabelNode] != "kn-b" || ba.Labels[skeinv1.LabelPool] != "default" {
-		t.Errorf("block labels %v and %v: want each node's own, pool default", ba.Labels, bb.Labels)
+	for n, blk := range map[string]*skeinv1.AddressBlock{"kn-a": ba, "kn-b": bb} {
+		if blk.NodeName != n || blk.Labels[skeinv1.LabelNode] != n || blk.Labels[skeinv1.LabelPool] != "default" ||
+			blk.Name != skeinv1.BlockName("default", uint32(blk.Index)) || len(blk.OwnerReferences) != 1 ||
+			blk.OwnerReferences[0].UID != pools["default"].UID {
+			t.Errorf("block %s of %s's pod: nodeName %q, labels %v, owners %v: want node %s's claim of a block of pool default (name default-<index>, owner the pool %s)",
+				blk.Name, n, blk.NodeName, blk.Labels, blk.OwnerReferences, n, pools["default"].UID)
+		}
 	}
 
 	// More pods on kn-a fit in its block: no API write at all.
 	before := a.apiWrites(t)
 	if before == 0 {
-		t.Fatal("skein_api_requests_total counts no write although a block was requested")
+		t.Fatal("skein_api_requests_total counts no write although a block was claimed")
 	}
 	var more []*pod
 	for i := range 3 {
@@ -202,67 +185,97 @@ func TestKubeStore(t *testing.T) {
 		t.Errorf("3 DELs that left the block in use made %d API writes, want 0", after-before)
 	}
 
-	// The namespace's annotation picks the pool; the last DEL frees the block.
+	// The namespace's annotation picks the pool: kn-a claims a block of
+	// blue with one write. Once its pod goes, the block stays for
+	// --block-min-age, then goes back.
+	before = a.apiWrites(t)
 	blue := podIn(a, t, l, "team-blue", "blue")
 	bblk := blockOf(t, c, blue.addrs[0])
-	if bblk == nil || bblk.Labels[skeinv1.LabelPool] != "blue" || bblk.Labels[skeinv1.LabelNode] != "kn-a" {
+	if bblk == nil || bblk.Labels[skeinv1.LabelPool] != "blue" || bblk.NodeName != "kn-a" {
 		t.Fatalf("pod in namespace team-blue got %v in block %v: want kn-a's block of pool blue", blue.addrs, bblk)
 	}
-	a.mustDel(t, l, blue.rt)
-	if blk := blockOf(t, c, blue.addrs[0]); blk != nil {
-		t.Errorf("block %s still exists after its last address was freed", blk.Name)
+	if w := a.apiWrites(t) - before; w != 1 {
+		t.Errorf("the ADD that claimed block %s made %d API writes, want 1 (the create)", bblk.Name, w)
 	}
+	a.mustDel(t, l, blue.rt)
+	emptied := time.Now()
+	if blk := blockOf(t, c, blue.addrs[0]); blk == nil && time.Since(emptied) < minAge {
+		t.Errorf("block %s was given back at once, not after --block-min-age %v", bblk.Name, minAge)
+	}
+	eventually(t, "kn-a's empty block of pool blue given back", func() string {
+		if blk := blockOf(t, c, blue.addrs[0]); blk != nil {
+			return fmt.Sprintf("block %s still there %v after its last address was freed", blk.Name, time.Since(emptied).Round(time.Second))
+		}
+		return ""
+	})
 
-	// A crash and restart keeps the block pa uses and frees a block of
-	// kn-a's that nothing uses (as a crash right after a grant leaves).
+	// A crash and restart keeps the block pa uses and gives back a block
+	// of kn-a's that nothing uses (as a claim whose answer was lost
+	// leaves, the node dying before it learnt of it).
 	a.d.Kill(t)
 	stray := &skeinv1.AddressBlock{
 		ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("default", 30), Finalizers: []string{skeinv1.FinalizerBlock},
-			Labels: map[string]string{skeinv1.LabelPool: "default", skeinv1.LabelNode: "kn-a"}},
-		Index: 30, IPv4: ptr.To("10.90.0.240/29"),
+			Labels: map[string]string{skeinv1.LabelPool: "default", skeinv1.LabelNode: "kn-a"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool",
+				Name: "default", UID: pools["default"].UID, BlockOwnerDeletion: ptr.To(true)}}},
+		NodeName: "kn-a", Index: 30, IPv4: ptr.To("10.90.0.240/29"),
 	}
 	if err := c.Create(bg, stray); err != nil {
 		t.Fatal(err)
 	}
 	a.d.Start(t)
-	if blk := blockOf(t, c, pa.addrs[0]); blk == nil || blk.Name != ba.Name {
+	if blk := blockOf(t, c, pa.addrs[0]); blk == nil || blk.UID != ba.UID {
 		t.Errorf("after restart pa's block is %v, want %s kept", blk, ba.Name)
 	}
-	if blk := blockOf(t, c, netip.MustParseAddr("10.90.0.241")); blk != nil {
-		t.Errorf("after restart the unused block %s is still there", blk.Name)
-	}
+	eventually(t, "the unused block given back after the restart", func() string {
+		if blk := blockOf(t, c, netip.MustParseAddr("10.90.0.241")); blk != nil {
+			return "block " + blk.Name + " still there"
+		}
+		return ""
+	})
 	if err := a.check(t, l, pa.rt); err != nil {
 		t.Errorf("CHECK pa after restart: %v", err)
 	}
 
-	// No controller: an ADD that needs a block fails with code 11 after
-	// the bounded wait, leaving no request, block, link or attachment.
-	stopController()
+	// A namespace naming a pool that does not exist: the ADD fails
+	// saying so, leaving no link, attachment or block.
+	linksBefore, attsBefore := hostLinks(t, b.d.Node), len(b.d.Attachments(t))
 	ns := harness.NewNS(t, "pod")
-	rt := skeintest.RT("stuck", ns.Path(), "eth0")
-	rt.Args = [][2]string{{"K8S_POD_NAMESPACE", "team-blue"}, {"K8S_POD_NAME", "stuck"}}
-	start := time.Now()
+	rt := skeintest.RT("nopool", ns.Path(), "eth0")
+	rt.Args = [][2]string{{"K8S_POD_NAMESPACE", "team-none"}, {"K8S_POD_NAME", "nopool"}}
 	_, err = b.add(t, lb, rt)
-	wantCode(t, "ADD needing a block with no controller", err, 11)
-	if took := time.Since(start); took > 10*time.Second {
-		t.Errorf("ADD gave up after %v, want about --block-wait (2s)", took)
+	wantCode(t, "ADD in namespace team-none, whose pool does not exist", err, types.ErrInvalidNetworkConfig)
+	if err != nil && !strings.Contains(err.Error(), "no-such-pool") {
+		t.Errorf("ADD in namespace team-none: %v; want an error naming pool no-such-pool", err)
 	}
-	var reqs skeinv1.BlockRequestList
-	if err := c.List(bg, &reqs); err != nil {
-		t.Fatal(err)
+	if got := hostLinks(t, b.d.Node); strings.Join(got, ",") != strings.Join(linksBefore, ",") {
+		t.Errorf("the failed ADD left links: %v, before %v", got, linksBefore)
 	}
-	if len(reqs.Items) != 0 {
-		t.Errorf("BlockRequest %s left behind", reqs.Items[0].Name)
+	if got := len(b.d.Attachments(t)); got != attsBefore {
+		t.Errorf("the failed ADD left an attachment: %d, before %d", got, attsBefore)
 	}
-	var blocks skeinv1.AddressBlockList
-	if err := c.List(bg, &blocks, client.MatchingLabels{skeinv1.LabelPool: "blue"}); err != nil {
-		t.Fatal(err)
+	if err := b.del(t, lb, rt); err != nil {
+		t.Errorf("DEL after the failed ADD: %v", err)
 	}
-	if len(blocks.Items) != 0 {
-		t.Errorf("block %s of pool blue left behind", blocks.Items[0].Name)
-	}
+
+	// Every pod gone: each node keeps its spare block of the default pool
+	// (its first pod's), nothing else; no BlockRequest was ever made.
 	b.mustDel(t, lb, pb.rt)
 	b.assertNothingLeft(t)
 	a.mustDel(t, l, pa.rt)
 	a.assertNothingLeft(t)
+	eventually(t, "the blocks left to be the nodes' spares", func() string {
+		var have []string
+		for _, blk := range listBlocks(t, c) {
+			have = append(have, blk.Name+"/"+blk.NodeName)
+		}
+		slices.Sort(have)
+		if want := []string{ba.Name + "/kn-a", bb.Name + "/kn-b"}; !slices.Equal(have, want) && !slices.Equal(have, []string{want[1], want[0]}) {
+			return fmt.Sprintf("blocks %v, want %v", have, want)
+		}
+		return ""
+	})
+	if reqs := listRequests(t, c); len(reqs) != 0 {
+		t.Errorf("BlockRequest %s exists: nothing makes them any more", reqs[0].Name)
+	}
 }
