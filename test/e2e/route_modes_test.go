@@ -18,10 +18,13 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/skeinnet/skein/api/rpc"
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/test/cluster"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kubenode"
 )
@@ -41,18 +44,55 @@ type routeCluster struct {
 // startRouteCluster starts a cluster on topo whose skeinds run with
 // --routing mode (and --node-address <IPv6 underlay address> when
 // underlay6).
-func startRouteCluster(t *testing.T, topo *harness.Topology, prefix string, mode routing.Mode, underlay6 bool) *routeCluster {
+func startRouteCluster(t *testing.T, topo *harness.Topology, prefix string, mode routing.Mode, underlay6 bool, extra ...string) *routeCluster {
 	t.Helper()
 	name := func(i int) string { return fmt.Sprintf("%s-n%d", prefix, i+1) }
 	cl := kubenode.StartCluster(t, kubenode.ClusterOptions{Topology: topo, NodeName: name,
+		Pools: []skeinv1.AddressPool{kubenode.DefaultPool, teamPool},
 		Args: func(n *harness.TopoNode) []string {
-			args := []string{"--routing", string(mode)}
+			args := append([]string{"--routing", string(mode)}, extra...)
 			if underlay6 {
 				args = append(args, "--node-address", n.Addr6.String())
 			}
 			return args
 		}})
+	createTeamNS(t, cl)
 	return newRouteCluster(t, cl, mode, underlay6)
+}
+
+// teamPool is a second dual-stack pool, of the pods of namespace team
+// (teamNS). A node keeps a spare block of the default pool even with no
+// pod of it, but gives its block of teamPool back once the last pod of it
+// has gone for --block-min-age: the tests free blocks through it.
+var teamPool = skeinv1.AddressPool{
+	ObjectMeta: metav1.ObjectMeta{Name: "team"},
+	Spec: skeinv1.AddressPoolSpec{
+		Subnets:       []skeinv1.SubnetSet{{IPv4: ptr.To("10.131.0.0/24"), IPv6: ptr.To("fd00:131::/120")}},
+		BlockSizeBits: 3,
+	},
+}
+
+const teamNS = "team"
+
+// createTeamNS creates namespace team, whose pods are in teamPool.
+func createTeamNS(t *testing.T, cl *kubenode.Cluster) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: teamNS, Annotations: map[string]string{skeinv1.AnnotationPool: teamPool.Name}}}
+	if err := cl.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// blocksOfPool returns the blocks of pool that node owns.
+func blocksOfPool(t *testing.T, cl *kubenode.Cluster, node, pool string) []skeinv1.AddressBlock {
+	t.Helper()
+	var out []skeinv1.AddressBlock
+	for _, b := range cl.Blocks(t, node) {
+		if b.Labels[skeinv1.LabelPool] == pool {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // newRouteCluster wraps a running cluster whose skeinds route in mode.
@@ -466,13 +506,20 @@ func TestRouteConvergence(t *testing.T) {
 	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
 		t.Run(string(mode), func(t *testing.T) {
 			topo := harness.NewTopology(t, harness.TopologyOptions{Nodes: 3})
-			rc := startRouteCluster(t, topo, "rc", mode, false)
+			// Empty blocks go back after a second; a node whose skeind is
+			// gone loses its blocks 4 s (its Lease) + 3 s (the grace)
+			// after its last renewal, by a controller that says so (the
+			// cluster's own has the default grace, a minute).
+			rc := startRouteCluster(t, topo, "rc", mode, false, "--block-min-age", "1s", "--lease-duration", "4s")
+			rc.Controller.Kill(t)
+			cluster.StartController(t, rc.Kubeconfig, "skein-controller-gc", "--node-gc-grace", "3s")
 			n1, n2, n3 := rc.Nodes[0], rc.Nodes[1], rc.Nodes[2]
 			all := []string{n1.Name, n2.Name, n3.Name}
 			pods := map[string]*kubenode.Pod{}
 			for _, n := range rc.Nodes {
 				pods[n.Name] = n.MustAddPod(t, "default", "first-"+n.Name)
 			}
+			team := n2.MustAddPod(t, teamNS, "team-"+n2.Name)
 			rc.converged(t, "the first routes", all, everyone)
 
 			// Another owner's routes on n1: table 120 with protocol 99, and
@@ -505,13 +552,17 @@ func TestRouteConvergence(t *testing.T) {
 				}
 			}
 
-			// A block freed: n2's only pod goes.
-			if err := pods[n2.Name].Del(t); err != nil {
+			// A block freed: n2's only pod of pool team goes, and so does
+			// its block.
+			if err := team.Del(t); err != nil {
 				t.Fatal(err)
 			}
-			if bl := rc.Blocks(t, n2.Name); len(bl) != 0 {
-				t.Fatalf("%s still owns %s after its last pod went", n2.Name, bl[0].Name)
-			}
+			kubenode.Eventually(t, routeWait, n2.Name+"'s block of pool team given back", func() string {
+				if bl := blocksOfPool(t, rc.Cluster, n2.Name, teamPool.Name); len(bl) != 0 {
+					return fmt.Sprintf("%s still owns %s after its last pod went", n2.Name, bl[0].Name)
+				}
+				return ""
+			})
 			rc.converged(t, "a freed block withdrawn", all, everyone)
 			foreignLeft("after a block was freed")
 
@@ -536,7 +587,10 @@ func TestRouteConvergence(t *testing.T) {
 			if err := h1.RouteAdd(stale); err != nil {
 				t.Fatalf("plant %s: %v", routeDesc(*stale), err)
 			}
-			pods[n2.Name] = n2.MustAddPod(t, "default", "second-"+n2.Name)
+			n2.MustAddPod(t, teamNS, "second-"+n2.Name)
+			if len(blocksOfPool(t, rc.Cluster, n2.Name, teamPool.Name)) == 0 {
+				t.Fatalf("%s claimed no block of pool team for its new pod", n2.Name)
+			}
 			n1.D.Start(t)
 			rc.converged(t, "routes after n1's skeind restarted", all, everyone)
 			foreignLeft("after skeind restarted")
@@ -549,8 +603,9 @@ func TestRouteConvergence(t *testing.T) {
 				t.Errorf("pod to pod after the restart:\n%s", strings.Join(failed, "\n"))
 			}
 
-			// n3 is gone with its host: skeind killed, Node deleted; the
-			// controller's GC deletes its blocks and the others drop them.
+			// n3 is gone with its host: skeind killed, Node deleted; once
+			// its Lease has run out the controller's GC deletes its blocks
+			// and the others drop them.
 			n3.D.Kill(t)
 			if err := rc.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n3.Name}}); err != nil {
 				t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/routing"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kubenode"
@@ -97,15 +98,18 @@ func pingAll(t *testing.T, pods []*kubenode.Pod) []string {
 // server and a real BIRD 2 (testdata/bird.conf) that learns the node's
 // blocks from table 119 and exchanges them over eBGP, both families. Pods
 // on different nodes ping each other over the routes BIRD installed; a
-// block freed on one node disappears from the others' kernels while the
-// rest stays.
+// block claimed on one node reaches the others' kernels, and once freed
+// disappears from them while the rest stays.
 func TestRouteExportBIRD(t *testing.T) {
 	harness.RequireRoot(t)
 	skeintest.RequireTool(t, "bird")
 	skeintest.RequireTool(t, "birdc")
 	topo := harness.NewTopology(t, harness.TopologyOptions{Nodes: 3})
 	name := func(i int) string { return fmt.Sprintf("bird-n%d", i+1) }
-	cl := kubenode.StartCluster(t, kubenode.ClusterOptions{Topology: topo, NodeName: name})
+	cl := kubenode.StartCluster(t, kubenode.ClusterOptions{Topology: topo, NodeName: name,
+		Pools: []skeinv1.AddressPool{kubenode.DefaultPool, teamPool},
+		Args:  func(*harness.TopoNode) []string { return []string{"--block-min-age", "1s"} }})
+	createTeamNS(t, cl)
 
 	// BIRD on every node, each its own AS, a session per peer and family.
 	self := func(i int) birdNode {
@@ -186,16 +190,35 @@ func TestRouteExportBIRD(t *testing.T) {
 		t.Fatalf("pod to pod across nodes over BIRD's routes:\n%s", strings.Join(failed, "\n"))
 	}
 
-	// The pod on the third node goes; its block is freed and withdrawn:
+	// A pod of pool team on the third node: its new block reaches the
+	// other nodes' kernels.
+	team := cl.Nodes[2].MustAddPod(t, teamNS, "team-pod")
+	var freed []netip.Prefix
+	for _, b := range blocksOfPool(t, cl, name(2), teamPool.Name) {
+		freed = append(freed, kubenode.Prefixes(&b)...)
+	}
+	if len(freed) != 2 {
+		t.Fatalf("node %s's blocks of pool team %v: want one dual-stack block", name(2), freed)
+	}
+	waitPeerRoutes("BIRD's routes to the new block", func(_, j int) []netip.Prefix {
+		if j == 2 {
+			return append(slices.Clone(blocks[name(j)]), freed...)
+		}
+		return blocks[name(j)]
+	}, nil)
+
+	// It goes; its block is freed (after --block-min-age) and withdrawn:
 	// gone from the API, from its node's table 119 and from the other
 	// nodes' kernels, while their routes to each other stay.
-	freed := blocks[name(2)]
-	if err := pods[2].Del(t); err != nil {
+	if err := team.Del(t); err != nil {
 		t.Fatal(err)
 	}
-	if bl := cl.Blocks(t, name(2)); len(bl) != 0 {
-		t.Fatalf("%s still owns %s after its last pod was deleted", name(2), bl[0].Name)
-	}
+	kubenode.Eventually(t, routeWait, "the emptied block of pool team given back", func() string {
+		if bl := blocksOfPool(t, cl, name(2), teamPool.Name); len(bl) != 0 {
+			return fmt.Sprintf("%s still owns %s after its last pod was deleted", name(2), bl[0].Name)
+		}
+		return ""
+	})
 	kubenode.Eventually(t, routeWait, "the freed block gone from its node's export table", func() string {
 		for _, r := range topo.Nodes[2].TableRoutes(t, skeintest.ExportTable) {
 			if slices.Contains(freed, harness.RouteDst(r)) {
@@ -205,12 +228,7 @@ func TestRouteExportBIRD(t *testing.T) {
 		return ""
 	})
 	began = time.Now()
-	waitPeerRoutes("the freed block withdrawn from the other nodes", func(i, j int) []netip.Prefix {
-		if j == 2 {
-			return nil
-		}
-		return blocks[name(j)]
-	}, freed)
+	waitPeerRoutes("the freed block withdrawn from the other nodes", func(_, j int) []netip.Prefix { return blocks[name(j)] }, freed)
 	t.Logf("the freed block left the other nodes' kernels %v after its node's export table", time.Since(began).Round(time.Millisecond))
 
 	// skeind reports BIRD's routes: every remote block installed, the
@@ -224,7 +242,7 @@ func TestRouteExportBIRD(t *testing.T) {
 		names = append(names, n.Name)
 	}
 	rc.converged(t, "skeind reporting BIRD's routes", names, everyone)
-	if failed := pingAll(t, pods[:2]); len(failed) > 0 {
-		t.Errorf("pod to pod across the remaining nodes after a block was freed:\n%s", strings.Join(failed, "\n"))
+	if failed := pingAll(t, pods); len(failed) > 0 {
+		t.Errorf("pod to pod across nodes after a block was freed:\n%s", strings.Join(failed, "\n"))
 	}
 }
