@@ -49,3 +49,23 @@ func TestQueueShutdown(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueUndrained: once shut down, the queue hands out no more items,
+// however many are left: a stopping controller finishes what it is doing
+// and stops (client-go's queue would have its workers work through the
+// backlog first, with a cancelled context).
+func TestQueueUndrained(t *testing.T) {
+	q := queueOptions().NewQueue("undrained", workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	for i := range 1000 {
+		q.Add(reconcile.Request{NamespacedName: client.ObjectKey{Name: fmt.Sprint(i)}})
+	}
+	first, shutdown := q.Get()
+	if shutdown {
+		t.Fatal("a queue not shut down reports shutdown")
+	}
+	q.ShutDown()
+	q.Done(first)
+	if item, shutdown := q.Get(); !shutdown {
+		t.Errorf("after shutdown, Get handed out %v of a backlog of %d", item, q.Len()+1)
+	}
+}
