@@ -393,14 +393,14 @@ func TestBinary(t *testing.T) {
 		return ""
 	})
 	waitFor(t, "the leader to look at bin-n1 and keep its blocks", func() string {
+		if n := nodeBlocks(t, c, "bin-n1"); n != 2 {
+			t.Fatalf("bin-n1, alive without its Node, has %d blocks, want 2", n)
+		}
 		if g := a.scrape(t)[`skein_gc_deferred_total`]; g == "" || g == "0" {
 			return fmt.Sprintf("skein_gc_deferred_total %q", g)
 		}
 		return ""
 	})
-	if n := nodeBlocks(t, c, "bin-n1"); n != 2 {
-		t.Fatalf("bin-n1, alive without its Node, has %d blocks, want 2", n)
-	}
 
 	// Second burst: the leader is SIGKILLed in the middle of it.
 	const n = 32

@@ -85,6 +85,7 @@ func (r *AddressPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&skeinv1.AddressPool{}).
 		Watches(&skeinv1.AddressBlock{}, r.blockEvents()).
 		Named("addresspool").
+		WithOptions(queueOptions()).
 		Complete(countErrors("addresspool", r))
 }
 

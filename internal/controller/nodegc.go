@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -94,7 +95,17 @@ type NodeGCReconciler struct {
 	// queue, so that their requeues and the queue's one-reconcile-per-key
 	// rule apply to them as to any other event.
 	sweeps chan event.GenericEvent
+	// indexed: the manager's cache indexes blocks by ownerIndex.
+	indexed bool
+
+	mu sync.Mutex
+	// waiting are the nodes found alive after their Node went: logged
+	// once at Info, then at V(1) until they are collected or back.
+	waiting map[string]bool
 }
+
+// ownerIndex indexes blocks by blockOwner in the manager's cache.
+const ownerIndex = "skein.owner"
 
 // requeueSlack is added to a requeue at a deadline, so that the
 // reconcile after it finds the deadline passed.
@@ -103,11 +114,18 @@ const requeueSlack = 100 * time.Millisecond
 // SetupWithManager registers the reconciler and its periodic sweep
 // (which, like the reconcilers, runs only on the leader).
 func (r *NodeGCReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	err := mgr.GetFieldIndexer().IndexField(context.Background(), &skeinv1.AddressBlock{}, ownerIndex, func(o client.Object) []string {
+		return []string{blockOwner(o.(*skeinv1.AddressBlock))}
+	})
+	if err != nil {
+		return fmt.Errorf("index blocks by owner: %w", err)
+	}
+	r.indexed = true
 	r.sweeps = make(chan event.GenericEvent)
 	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return nodeRequest(o.GetName())
 	})
-	err := ctrl.NewControllerManagedBy(mgr).
+	err = ctrl.NewControllerManagedBy(mgr).
 		// Nothing in a Node's update matters: only that it exists.
 		For(&corev1.Node{}, builder.OnlyMetadata, builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(event.UpdateEvent) bool { return false },
@@ -120,6 +138,7 @@ func (r *NodeGCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		})).
 		WatchesRawSource(source.Channel(r.sweeps, byName)).
 		Named("nodegc").
+		WithOptions(queueOptions()).
 		Complete(countErrors("nodegc", r))
 	if err != nil {
 		return err
@@ -178,7 +197,9 @@ func (r *NodeGCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	var errs []error
 	next, err := r.collectRequests(ctx, node, gone, now)
 	errs = append(errs, err)
-	if gone {
+	if !gone {
+		r.alive(node, false)
+	} else {
 		wait, err := r.collectNode(ctx, node, now)
 		errs = append(errs, err)
 		if wait > 0 && (next == 0 || wait < next) {
@@ -239,7 +260,10 @@ func (r *NodeGCReconciler) collectRequests(ctx context.Context, node string, gon
 			continue
 		}
 		err := r.Client.Delete(ctx, br, client.Preconditions{UID: &br.UID})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			continue // gone already, or another request of that name
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("delete request %s of node %s: %w", br.Name, node, err))
 			continue
 		}
@@ -266,15 +290,21 @@ func (r *NodeGCReconciler) collectNode(ctx context.Context, node string, now tim
 		return 0, err
 	}
 	if len(blocks) == 0 && lease == nil {
+		r.alive(node, false)
 		return 0, nil
 	}
-	alive, why := r.aliveUntil(lease, blocks)
-	if now.Before(alive) {
+	until, why := r.aliveUntil(lease, blocks)
+	if now.Before(until) {
 		gcDeferred.Inc()
-		log.FromContext(ctx).Info("the Node is gone but its node is alive: keeping its blocks",
-			"node", node, "blocks", len(blocks), "evidence", why, "until", alive.UTC().Format(time.RFC3339))
-		return alive.Sub(now) + requeueSlack, nil
+		lg := log.FromContext(ctx)
+		if !r.alive(node, true) {
+			lg = lg.V(1)
+		}
+		lg.Info("the Node is gone but its node is alive: keeping its blocks",
+			"node", node, "blocks", len(blocks), "evidence", why, "until", until.UTC().Format(time.RFC3339))
+		return until.Sub(now) + requeueSlack, nil
 	}
+	r.alive(node, false)
 	var errs []error
 	for i := range blocks {
 		errs = append(errs, r.removeBlock(ctx, &blocks[i], node))
@@ -301,20 +331,44 @@ func (r *NodeGCReconciler) collectNode(ctx context.Context, node string, now tim
 
 // blocksOf returns copies of the blocks node owns.
 func (r *NodeGCReconciler) blocksOf(ctx context.Context, node string) ([]skeinv1.AddressBlock, error) {
-	// The owner is a field, not (only) a label: the cache's own objects,
-	// filtered here and copied when they match. This runs for deleted
-	// Nodes (and nodes that run without one), not for every block event.
-	var all skeinv1.AddressBlockList
-	if err := r.Client.List(ctx, &all, client.UnsafeDisableDeepCopy); err != nil {
+	var l skeinv1.AddressBlockList
+	if r.indexed {
+		if err := r.Client.List(ctx, &l, client.MatchingFields{ownerIndex: node}); err != nil {
+			return nil, fmt.Errorf("list blocks of node %s: %w", node, err)
+		}
+		return l.Items, nil
+	}
+	// Without the cache's index (a client of the API server): every
+	// block, filtered here. The owner is a field, not (only) a label.
+	if err := r.Client.List(ctx, &l); err != nil {
 		return nil, fmt.Errorf("list blocks: %w", err)
 	}
-	var mine []skeinv1.AddressBlock
-	for i := range all.Items {
-		if blockOwner(&all.Items[i]) == node {
-			mine = append(mine, *all.Items[i].DeepCopy())
+	mine := l.Items[:0]
+	for _, b := range l.Items {
+		if blockOwner(&b) == node {
+			mine = append(mine, b)
 		}
 	}
 	return mine, nil
+}
+
+// alive notes whether node, whose Node is gone, was found alive, and
+// reports whether that is news (worth a log line at Info).
+func (r *NodeGCReconciler) alive(node string, alive bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !alive {
+		delete(r.waiting, node)
+		return false
+	}
+	if r.waiting[node] {
+		return false
+	}
+	if r.waiting == nil {
+		r.waiting = map[string]bool{}
+	}
+	r.waiting[node] = true
+	return true
 }
 
 // removeBlock deletes blk, a block of node gone for good, and takes its

@@ -54,20 +54,26 @@ func waitDeferred(t *testing.T, before float64, n int, kept func() string) {
 // TestNodeGCLiveNode: a Node deleted while its node's skeind still runs
 // (it renews its Lease) keeps its blocks — both of the new and of the old
 // protocol — for as long as the Lease is renewed, however often the
-// garbage collector looks; once the renewals stop, the blocks go (their
+// garbage collector looks; so does one whose clock is five minutes
+// behind (its renewTime looks long expired, the API server's record of
+// its writes does not). Once the renewals stop, the blocks go (their
 // finalizers taken off) Grace after the Lease ends, and the Lease with
 // them. Another node's block is not touched.
 func TestNodeGCLiveNode(t *testing.T) {
 	const grace, leaseFor = 2 * time.Second, 3 * time.Second
 	c := gcEnv(t, Options{NodeGCGrace: grace, GCInterval: 500 * time.Millisecond})
 	ctx := context.Background()
-	live := newNode(t, c, "live")
+	nodes := map[string]time.Duration{"live": 0, "skewed": -5 * time.Minute} // node → its clock's error
 	newNode(t, c, "other")
 
-	// The node's skeind: renews its Lease every 300 ms until stopped.
+	// The nodes' skeinds: renew their Leases every 300 ms until stopped.
 	var mu sync.Mutex
 	renewed := time.Now()
-	lease := renewLease(t, c, "live", renewed, leaseFor)
+	var leases []*coordinationv1.Lease
+	for n, skew := range nodes {
+		newNode(t, c, n)
+		leases = append(leases, renewLease(t, c, n, renewed.Add(skew), leaseFor))
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -78,9 +84,10 @@ func TestNodeGCLiveNode(t *testing.T) {
 			case <-time.After(300 * time.Millisecond):
 			}
 			now := time.Now()
-			if _, err := writeLease(c, "live", now, leaseFor); err != nil {
-				t.Error(err)
-				continue
+			for n, skew := range nodes {
+				if _, err := writeLease(c, n, now.Add(skew), leaseFor); err != nil {
+					t.Error(err)
+				}
 			}
 			mu.Lock()
 			renewed = now
@@ -99,34 +106,39 @@ func TestNodeGCLiveNode(t *testing.T) {
 		makeBlock(t, c, "gc", 0, "live", false),
 		makeBlock(t, c, "gc", 1, "live", false),
 		makeBlock(t, c, "gc", 2, "live", true),
+		makeBlock(t, c, "gc", 4, "skewed", false),
 	}
 	theirs := makeBlock(t, c, "gc", 3, "other", false)
 
 	before := counter(t, gcDeferred)
-	if err := c.Delete(ctx, live); err != nil {
-		t.Fatal(err)
+	for n := range nodes {
+		if err := c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	// The deletion, then sweeps every 500 ms: the collector looks again
-	// and again, and each time finds the node alive.
-	waitDeferred(t, before, 4, func() string {
+	// The deletions, then sweeps every 500 ms: the collector looks again
+	// and again, and each time finds the nodes alive.
+	waitDeferred(t, before, 8, func() string {
 		for _, b := range blocks {
 			if !exists(t, c, b) || !slices.Contains(b.Finalizers, skeinv1.FinalizerBlock) {
 				return fmt.Sprintf("block %s of a live node whose Node was deleted: taken (finalizers %v)", b.Name, b.Finalizers)
 			}
 		}
-		if !exists(t, c, lease) {
-			return "the Lease of a live node was deleted"
+		for _, l := range leases {
+			if !exists(t, c, l) {
+				return fmt.Sprintf("the Lease %s of a live node was deleted", l.Name)
+			}
 		}
 		return ""
 	})
 
-	// The node stops: its blocks go Grace after the Lease ends.
+	// The nodes stop: their blocks go Grace after their Leases end.
 	close(stop)
 	wg.Wait()
 	mu.Lock()
 	due := renewed.Add(leaseFor + grace)
 	mu.Unlock()
-	eventually(t, "the blocks of the stopped node", func() string {
+	eventually(t, "the blocks of the stopped nodes", func() string {
 		var left []string
 		for _, b := range blocks {
 			if exists(t, c, b) {
@@ -141,12 +153,14 @@ func TestNodeGCLiveNode(t *testing.T) {
 	if early := due.Sub(time.Now()); early > 0 {
 		t.Errorf("blocks taken %v before the Lease had ended and the grace passed", early)
 	}
-	eventually(t, "the Lease of the stopped node", func() string {
-		if exists(t, c, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: lease.Namespace, Name: lease.Name}}) {
-			return "still there"
-		}
-		return ""
-	})
+	for _, l := range leases {
+		eventually(t, "the Lease of a stopped node", func() string {
+			if exists(t, c, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name}}) {
+				return l.Name + " still there"
+			}
+			return ""
+		})
+	}
 	if !exists(t, c, theirs) {
 		t.Errorf("the block of node %s, whose Node exists, was taken", theirs.NodeName)
 	}
@@ -173,7 +187,9 @@ func TestNodeGCWithoutLease(t *testing.T) {
 	// Left before the controller started: an old-protocol block of a
 	// node that never had a Node, and a Lease that ended an hour ago.
 	ghost := makeBlock(t, c, "gc", 7, "ghost", true)
-	oldLease := renewLease(t, c, "long-gone", time.Now().Add(-time.Hour), 40*time.Second)
+	// (Written now: the API server's record of the write counts as a
+	// renewal, so a short duration.)
+	oldLease := renewLease(t, c, "long-gone", time.Now().Add(-time.Hour), time.Second)
 	before := counter(t, gcDeferred)
 	startAll(t, env, Options{NodeGCGrace: grace, GCInterval: 500 * time.Millisecond})
 

@@ -46,9 +46,12 @@ func (r *NodeGCReconciler) aliveUntil(lease *coordinationv1.Lease, blocks []skei
 	return last.Add(orDefault(r.Grace, DefaultNodeGCGrace)), why
 }
 
-// leaseEnd is when l runs out: its last renewal (or acquisition, or
-// creation) plus its duration. The times are the node's clock; the grace
-// period covers a skew.
+// leaseEnd is when l runs out: its duration after its last renewal. The
+// renewal is the later of two times: renewTime (or acquireTime), which
+// the node writes by its own clock, and the last time the API server saw
+// a writer change the Lease (its managedFields, the server's clock, to
+// the second). A node whose clock is behind would look expired by its
+// renewTime alone while it renews every ten seconds.
 func leaseEnd(l *coordinationv1.Lease) time.Time {
 	t := l.CreationTimestamp.Time
 	switch {
@@ -56,6 +59,12 @@ func leaseEnd(l *coordinationv1.Lease) time.Time {
 		t = l.Spec.RenewTime.Time
 	case l.Spec.AcquireTime != nil:
 		t = l.Spec.AcquireTime.Time
+	}
+	for _, mf := range l.ManagedFields {
+		// Whole seconds, rounded down: one more.
+		if mf.Time != nil && mf.Time.Add(time.Second).After(t) {
+			t = mf.Time.Add(time.Second)
+		}
 	}
 	if d := l.Spec.LeaseDurationSeconds; d != nil {
 		t = t.Add(time.Duration(*d) * time.Second)
