@@ -106,8 +106,12 @@ func TestChurn(t *testing.T) {
 	kills := c.chaos(t, rand.New(rand.NewPCG(seed, 0)), *churnFor)
 	cancel()
 	wg.Wait()
+	c.check() // the pods as the churn left them
 	c.found.report(t, "during the churn")
-	t.Logf("churn: %v; %s; %s; %d checks", *churnFor, kills, c.stats(), c.checks.Load())
+	c.blockMu.Lock()
+	claimed, released := len(c.blockUIDs), len(c.released)
+	c.blockMu.Unlock()
+	t.Logf("churn: %v; %s; %s; %d checks saw %d blocks claimed, %d given back", *churnFor, kills, c.stats(), c.checks.Load(), claimed, released)
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -117,9 +121,6 @@ func TestChurn(t *testing.T) {
 	if c.addOK.Load() < 100 {
 		t.Errorf("only %d ADDs succeeded in %v of churn", c.addOK.Load(), *churnFor)
 	}
-	c.blockMu.Lock()
-	claimed, released := len(c.blockUIDs), len(c.released)
-	c.blockMu.Unlock()
 	if claimed < 10 || released < 10 {
 		t.Errorf("the checks saw %d blocks claimed and %d given back: the churn did not make nodes claim and release blocks", claimed, released)
 	}

@@ -299,7 +299,20 @@ func TestKubeCluster(t *testing.T) {
 	}
 
 	// A pool in use is not deleted: it stays Terminating with its
-	// finalizer until the last pod of it goes.
+	// finalizer until the last pod of it goes. The finalizer is the
+	// controller's, and nothing so far waited for a controller (the
+	// nodes claim blocks without one; a leader has been seen to take
+	// more than 6 s to start its controllers): wait for it.
+	eventually(t, "the controller's finalizer on pool blue", func() string {
+		p := &skeinv1.AddressPool{}
+		if err := c.Get(bg, client.ObjectKey{Name: "blue"}, p); err != nil {
+			return "get: " + err.Error()
+		}
+		if !slices.Contains(p.Finalizers, skeinv1.FinalizerPool) {
+			return fmt.Sprintf("finalizers %v", p.Finalizers)
+		}
+		return ""
+	})
 	if err := c.Delete(bg, &skeinv1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "blue"}}); err != nil {
 		t.Fatal(err)
 	}
