@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -213,23 +214,15 @@ func TestKubeStore(t *testing.T) {
 	// of kn-a's that nothing uses (as a claim whose answer was lost
 	// leaves, the node dying before it learnt of it).
 	a.d.Kill(t)
-	stray := &skeinv1.AddressBlock{
-		ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("default", 30), Finalizers: []string{skeinv1.FinalizerBlock},
-			Labels: map[string]string{skeinv1.LabelPool: "default", skeinv1.LabelNode: "kn-a"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool",
-				Name: "default", UID: pools["default"].UID, BlockOwnerDeletion: ptr.To(true)}}},
-		NodeName: "kn-a", Index: 30, IPv4: ptr.To("10.90.0.240/29"),
-	}
-	if err := c.Create(bg, stray); err != nil {
-		t.Fatal(err)
-	}
+	stray := strayBlock(t, c, pools["default"], "kn-a")
 	a.d.Start(t)
 	if blk := blockOf(t, c, pa.addrs[0]); blk == nil || blk.UID != ba.UID {
 		t.Errorf("after restart pa's block is %v, want %s kept", blk, ba.Name)
 	}
 	eventually(t, "the unused block given back after the restart", func() string {
-		if blk := blockOf(t, c, netip.MustParseAddr("10.90.0.241")); blk != nil {
-			return "block " + blk.Name + " still there"
+		err := c.Get(bg, client.ObjectKey{Name: stray}, &skeinv1.AddressBlock{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("block %s: %v", stray, err)
 		}
 		return ""
 	})
