@@ -1,11 +1,14 @@
-// Command skein-controller runs skein's cluster-wide reconcilers (block
-// requests, pool status, garbage collection of deleted nodes) in a
-// controller-runtime manager, one replica at a time through leader
-// election on a Lease: flags and wiring only, the work is in
+// Command skein-controller runs skein's cluster-wide reconcilers (pool
+// status and finalizers, Egress gateways, garbage collection of nodes gone
+// for good) in a controller-runtime manager, one replica at a time through
+// leader election on a Lease, and serves the AddressPool webhook on every
+// replica. It is not in the path of a block grant: nodes claim their
+// blocks themselves. Flags and wiring only, the work is in
 // internal/controller.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,7 +52,9 @@ type flags struct {
 	metricsAddr string
 	healthAddr  string
 	gcInterval  time.Duration
-	brWorkers   int
+	gcGrace     time.Duration
+	nodeLeaseNS string
+	poolStatus  time.Duration
 	egressImage string
 	logLevel    string
 	logFormat   string
@@ -70,7 +75,7 @@ func newCommand() *cobra.Command {
 	var fl flags
 	cmd := &cobra.Command{
 		Use:           "skein-controller",
-		Short:         "skein's cluster controller: carves blocks for nodes, keeps pool status, collects what deleted nodes leave",
+		Short:         "skein's cluster controller: keeps pool status, runs Egress gateways, collects what nodes gone for good leave",
 		Version:       buildVersion,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -85,8 +90,13 @@ func newCommand() *cobra.Command {
 	f.StringVar(&fl.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster configuration")
 	f.StringVar(&fl.metricsAddr, "metrics-addr", ":9386", `address of the Prometheus metrics endpoint (/metrics); "0" turns it off`)
 	f.StringVar(&fl.healthAddr, "health-addr", ":9387", `address of the probes (/healthz, /readyz); "0" turns them off`)
-	f.DurationVar(&fl.gcInterval, "gc-interval", 10*time.Minute, "time between sweeps for blocks and requests of deleted nodes")
-	f.IntVar(&fl.brWorkers, "blockrequest-workers", controller.DefaultBlockRequestWorkers, "BlockRequests served at once")
+	f.DurationVar(&fl.gcInterval, "gc-interval", controller.DefaultGCInterval, "time between sweeps for blocks, Leases and BlockRequests of nodes gone for good")
+	f.DurationVar(&fl.gcGrace, "node-gc-grace", controller.DefaultNodeGCGrace,
+		"how long past the end of its liveness Lease a node whose Node is deleted keeps its blocks")
+	f.StringVar(&fl.nodeLeaseNS, "lease-namespace", "",
+		"namespace of the nodes' liveness Leases (skeind's --lease-namespace); empty means the controller's own (in a cluster), else "+controller.DefaultLeaseNamespace)
+	f.DurationVar(&fl.poolStatus, "pool-status-interval", controller.DefaultPoolStatusInterval,
+		"least time between two status writes of one AddressPool (block events are counted together)")
 	f.StringVar(&fl.egressImage, "egress-image", controller.DefaultEgressImage, "image of Egress router pods (runs skein-egress)")
 	f.Float32Var(&fl.qps, "kube-api-qps", 100, "requests per second to the API server, sustained (client-side limit)")
 	f.IntVar(&fl.burst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
@@ -116,8 +126,11 @@ func (fl flags) check() error {
 	if fl.gcInterval <= 0 {
 		return fmt.Errorf("--gc-interval %v: must be positive", fl.gcInterval)
 	}
-	if fl.brWorkers <= 0 {
-		return fmt.Errorf("--blockrequest-workers %d: must be positive", fl.brWorkers)
+	if fl.gcGrace <= 0 {
+		return fmt.Errorf("--node-gc-grace %v: must be positive", fl.gcGrace)
+	}
+	if fl.poolStatus <= 0 {
+		return fmt.Errorf("--pool-status-interval %v: must be positive", fl.poolStatus)
 	}
 	if !fl.leaderElect {
 		return nil
@@ -146,15 +159,20 @@ func run(ctx context.Context, fl flags) error {
 	if err != nil {
 		return err
 	}
-	// controller-runtime's default (20/s) paces a failover's catch-up:
-	// each request costs three writes, each block a pool status write.
+	// controller-runtime's default (20/s) paces a failover's catch-up
+	// (Egress Deployments, the blocks of a node gone for good).
 	cfg.QPS, cfg.Burst = fl.qps, fl.burst
 	mgr, err := ctrl.NewManager(cfg, managerOptions(fl))
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
+	leaseNS := fl.nodeLeaseNS
+	if leaseNS == "" {
+		leaseNS = ownNamespace() // "" outside a cluster: the default
+	}
 	if err := controller.Setup(mgr, controller.Options{
-		GCInterval: fl.gcInterval, BlockRequestWorkers: fl.brWorkers, EgressImage: fl.egressImage,
+		GCInterval: fl.gcInterval, NodeGCGrace: fl.gcGrace, LeaseNamespace: leaseNS,
+		PoolStatusInterval: fl.poolStatus, EgressImage: fl.egressImage,
 	}); err != nil {
 		return err
 	}
@@ -167,7 +185,8 @@ func run(ctx context.Context, fl flags) error {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("add ready check: %w", err)
 	}
-	logger.Info("starting", "version", buildVersion, "leaderElection", fl.leaderElect, "lease", fl.leaseNS+"/"+fl.leaseName)
+	logger.Info("starting", "version", buildVersion, "leaderElection", fl.leaderElect, "lease", fl.leaseNS+"/"+fl.leaseName,
+		"nodeLeases", cmp.Or(leaseNS, controller.DefaultLeaseNamespace), "nodeGCGrace", fl.gcGrace)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}

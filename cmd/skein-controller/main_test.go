@@ -19,7 +19,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,7 +30,7 @@ import (
 )
 
 func TestFlagCheck(t *testing.T) {
-	good := flags{gcInterval: time.Minute, brWorkers: 4, qps: 100, burst: 200, leaderElect: true, leaseName: "x",
+	good := flags{gcInterval: time.Minute, gcGrace: time.Minute, poolStatus: time.Second, qps: 100, burst: 200, leaderElect: true, leaseName: "x",
 		leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second}
 	if err := good.check(); err != nil {
 		t.Errorf("good flags: %v", err)
@@ -41,7 +41,8 @@ func TestFlagCheck(t *testing.T) {
 		"no lease name":                 func(f *flags) { f.leaseName = "" },
 		"zero gc interval":              func(f *flags) { f.gcInterval = 0 },
 		"zero qps":                      func(f *flags) { f.qps = 0 },
-		"no blockrequest workers":       func(f *flags) { f.brWorkers = 0 },
+		"zero node gc grace":            func(f *flags) { f.gcGrace = 0 },
+		"zero pool status interval":     func(f *flags) { f.poolStatus = 0 },
 	} {
 		f := good
 		mod(&f)
@@ -52,8 +53,11 @@ func TestFlagCheck(t *testing.T) {
 }
 
 // controllerUser is who the binaries run as, with only the permissions
-// the README lists.
-const controllerUser = "skein-controller"
+// controller-rbac.yaml grants; namespace is skein's, with the Leases.
+const (
+	controllerUser = "skein-controller"
+	namespace      = "skein-system"
+)
 
 func grantControllerRole(t *testing.T, c client.Client) {
 	t.Helper()
@@ -67,14 +71,14 @@ func grantControllerRole(t *testing.T, c client.Client) {
 	read := []string{"get", "list", "watch"}
 	subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: controllerUser}}
 	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
 		&rbacv1.ClusterRole{
 			ObjectMeta: metav1.ObjectMeta{Name: controllerUser},
 			Rules: []rbacv1.PolicyRule{
 				rule("skein.dev", []string{"addresspools"}, append(read, "update")),
-				rule("skein.dev", []string{"addresspools/status", "addresspools/finalizers"}, []string{"update"}),
-				rule("skein.dev", []string{"addressblocks"}, append(read, "create", "delete", "patch")),
+				rule("skein.dev", []string{"addresspools/status"}, []string{"update"}),
+				rule("skein.dev", []string{"addressblocks"}, append(read, "delete", "patch")),
 				rule("skein.dev", []string{"blockrequests"}, append(read, "delete")),
-				rule("skein.dev", []string{"blockrequests/status"}, []string{"update"}),
 				rule("", []string{"nodes"}, read),
 				rule("skein.dev", []string{"egresses"}, read),
 				rule("skein.dev", []string{"egresses/status", "egresses/finalizers"}, []string{"update"}),
@@ -93,15 +97,16 @@ func grantControllerRole(t *testing.T, c client.Client) {
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: controllerUser},
 			Subjects:   subject,
 		},
+		// Its namespace: the leader election Lease and the nodes' Leases.
 		&rbacv1.Role{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: controllerUser},
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: controllerUser},
 			Rules: []rbacv1.PolicyRule{
-				rule("coordination.k8s.io", []string{"leases"}, []string{"get", "create", "update"}),
+				rule("coordination.k8s.io", []string{"leases"}, []string{"get", "list", "create", "update", "delete"}),
 				rule("", []string{"events"}, []string{"create", "patch"}),
 			},
 		},
 		&rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: controllerUser},
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: controllerUser},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: controllerUser},
 			Subjects:   subject,
 		},
@@ -147,8 +152,9 @@ func startBinary(t *testing.T, env *kube.Env, name string) *controllerProc {
 	defer logf.Close()
 	p.cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"),
 		"--kubeconfig", kc, "--metrics-addr", metricsAddr, "--health-addr", healthAddr,
-		"--leader-elect-namespace", "kube-system", "--leader-elect-lease-duration", "3s",
-		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms", "--gc-interval", "2s", "--webhook-port", "0")
+		"--leader-elect-namespace", namespace, "--lease-namespace", namespace, "--leader-elect-lease-duration", "3s",
+		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms", "--gc-interval", "2s",
+		"--node-gc-grace", "2s", "--pool-status-interval", "1s", "--webhook-port", "0")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -217,16 +223,68 @@ func (p *controllerProc) scrape(t *testing.T) map[string]string {
 func leaseHolder(t *testing.T, c client.Client) string {
 	t.Helper()
 	l := &coordinationv1.Lease{}
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "kube-system", Name: "skein-controller"}, l); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: namespace, Name: "skein-controller"}, l); err != nil {
 		return ""
 	}
 	return ptr.Deref(l.Spec.HolderIdentity, "")
 }
 
+// claim makes block idx of pool bin as node's skeind does.
+func claim(t *testing.T, c client.Client, pool *skeinv1.AddressPool, idx uint32, node string) {
+	t.Helper()
+	blk := &skeinv1.AddressBlock{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:       skeinv1.BlockName(pool.Name, idx),
+			Labels:     map[string]string{skeinv1.LabelPool: pool.Name, skeinv1.LabelNode: node},
+			Finalizers: []string{skeinv1.FinalizerBlock},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool", Name: pool.Name, UID: pool.UID,
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+		NodeName: node,
+		Index:    int64(idx),
+		IPv4:     ptr.To(fmt.Sprintf("10.110.%d.%d/27", idx/8, idx%8*32)),
+	}
+	if err := c.Create(context.Background(), blk); err != nil {
+		t.Errorf("claim block %s: %v", blk.Name, err)
+	}
+}
+
+// nodeLease writes node's liveness Lease as its skeind does, renewed now.
+func nodeLease(c client.Client, node string) error {
+	ctx := context.Background()
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: skeinv1.NodeLeaseName(node)}}
+	err := c.Get(ctx, client.ObjectKeyFromObject(l), l)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	l.Spec = coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(2)),
+		RenewTime: &metav1.MicroTime{Time: time.Now()}}
+	if apierrors.IsNotFound(err) {
+		return c.Create(ctx, l)
+	}
+	return c.Update(ctx, l)
+}
+
+// nodeBlocks is how many blocks node owns.
+func nodeBlocks(t *testing.T, c client.Client, node string) int {
+	t.Helper()
+	var l skeinv1.AddressBlockList
+	if err := c.List(context.Background(), &l, client.MatchingLabels{skeinv1.LabelNode: node}); err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items)
+}
+
 // TestBinary runs two skein-controller processes on one Lease against the
-// real API server: the first leads and carves, its metrics endpoint serves
-// the skein metrics; SIGKILLed in the middle of a burst, the second takes
-// over once the Lease expires and serves every request, no index twice.
+// real API server, with the permissions of controller-rbac.yaml: the first
+// leads, keeps the pool's status and serves the skein metrics; a node
+// whose Node is deleted while it renews its Lease keeps its blocks, one
+// without a Lease loses them. SIGKILLed in the middle of a burst of
+// claims, the leader is replaced by the second once the Lease expires,
+// which brings the status up to date and, when the live node stops
+// renewing, takes its blocks and Lease back.
 func TestBinary(t *testing.T) {
 	env := kube.Start(t, kube.Options{Users: []kube.User{{Name: controllerUser}}})
 	c, err := kube.NewClient(env.Config)
@@ -248,6 +306,32 @@ func TestBinary(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
+	// bin-n1's skeind runs throughout (until told to stop).
+	stopN1 := make(chan struct{})
+	var wg sync.WaitGroup
+	if err := nodeLease(c, "bin-n1"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		for {
+			select {
+			case <-stopN1:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			if err := nodeLease(c, "bin-n1"); err != nil {
+				t.Errorf("renew the Lease of bin-n1: %v", err)
+			}
+		}
+	})
+	defer func() {
+		select {
+		case <-stopN1:
+		default:
+			close(stopN1)
+		}
+		wg.Wait()
+	}()
 
 	a := startBinary(t, env, "ctrl-a")
 	var holderA string
@@ -258,51 +342,29 @@ func TestBinary(t *testing.T) {
 		return ""
 	})
 	b := startBinary(t, env, "ctrl-b")
-
-	request := func(i int) *skeinv1.BlockRequest {
-		br := &skeinv1.BlockRequest{
-			ObjectMeta: metav1.ObjectMeta{GenerateName: "bin-"},
-			Spec:       skeinv1.BlockRequestSpec{NodeName: fmt.Sprintf("bin-n%d", i%nodes), PoolName: "bin"},
-		}
-		if err := c.Create(ctx, br); err != nil {
-			t.Errorf("create request: %v", err)
-		}
-		return br
-	}
-	complete := func() (done int, blocks map[string]string) {
-		var l skeinv1.BlockRequestList
-		if err := c.List(ctx, &l); err != nil {
+	allocated := func() int64 {
+		p := &skeinv1.AddressPool{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "bin"}, p); err != nil {
 			t.Fatal(err)
 		}
-		blocks = map[string]string{}
-		for _, br := range l.Items {
-			if meta.IsStatusConditionTrue(br.Status.Conditions, skeinv1.ConditionComplete) {
-				done++
-				if prev, dup := blocks[br.Status.AddressBlockName]; dup {
-					t.Fatalf("block %s given to both %s and %s", br.Status.AddressBlockName, prev, br.Name)
-				}
-				blocks[br.Status.AddressBlockName] = br.Name
-			}
-		}
-		return done, blocks
+		return p.Status.BlocksAllocated
 	}
 
-	// First burst: the leader serves it and reports it in its metrics.
-	for i := range 8 {
-		request(i)
+	// First burst: the leader follows it in the status and its metrics.
+	for i := range uint32(8) {
+		claim(t, c, pool, i, fmt.Sprintf("bin-n%d", i%nodes))
 	}
-	waitFor(t, "first burst", func() string {
-		if n, _ := complete(); n < 8 {
-			return fmt.Sprintf("%d of 8 complete", n)
+	waitFor(t, "the pool's status after the first burst", func() string {
+		if n := allocated(); n != 8 {
+			return fmt.Sprintf("%d blocks", n)
 		}
 		return ""
 	})
 	want := map[string]string{
 		`skein_pool_blocks_allocated{pool="bin"}`:           "8",
 		`skein_pool_blocks_total{pool="bin"}`:               "64",
-		`skein_blockrequests_total{result="Complete"}`:      "8",
-		`skein_blockrequest_latency_seconds_count`:          "8",
-		`skein_reconcile_errors_total{controller="nodegc"}`: "",
+		`skein_reconcile_errors_total{controller="nodegc"}`: "0",
+		`skein_pool_status_writes_total`:                    "",
 	}
 	waitFor(t, "the leader's metrics", func() string {
 		got := a.scrape(t)
@@ -313,27 +375,44 @@ func TestBinary(t *testing.T) {
 		}
 		return ""
 	})
-	if got := b.scrape(t); got[`skein_blockrequests_total{result="Complete"}`] != "" {
-		t.Errorf("the standby served requests: %v", got)
+	if got := b.scrape(t)[`skein_pool_status_writes_total`]; got != "0" {
+		t.Errorf("the standby wrote pool status %s times", got)
 	}
 
-	// Second burst: the leader is SIGKILLed in the middle of it.
-	const n = 32
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { request(i) })
+	// Two Nodes deleted: bin-n1's skeind renews its Lease, bin-n0 has
+	// none. Only bin-n0's blocks go.
+	for _, n := range []string{"bin-n0", "bin-n1"} {
+		if err := c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	waitFor(t, "part of the second burst", func() string {
-		if done, _ := complete(); done < 8+3 {
-			return fmt.Sprintf("%d complete", done)
+	waitFor(t, "the blocks of bin-n0, which has no Lease", func() string {
+		if n := nodeBlocks(t, c, "bin-n0"); n > 0 {
+			return fmt.Sprintf("%d blocks", n)
 		}
 		return ""
 	})
-	if err := a.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
+	waitFor(t, "the leader to look at bin-n1 and keep its blocks", func() string {
+		if n := nodeBlocks(t, c, "bin-n1"); n != 2 {
+			t.Fatalf("bin-n1, alive without its Node, has %d blocks, want 2", n)
+		}
+		if g := a.scrape(t)[`skein_gc_deferred_total`]; g == "" || g == "0" {
+			return fmt.Sprintf("skein_gc_deferred_total %q", g)
+		}
+		return ""
+	})
+
+	// Second burst: the leader is SIGKILLed in the middle of it.
+	const n = 32
+	for i := uint32(8); i < 8+n; i++ {
+		claim(t, c, pool, i, fmt.Sprintf("bin-n%d", 2+i%2))
+		if i == 8+n/2 {
+			if err := a.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	killed := time.Now()
-	wg.Wait()
 	waitFor(t, "the other controller to take the Lease", func() string {
 		if h := leaseHolder(t, c); h == holderA {
 			return "held by the killed one"
@@ -341,62 +420,34 @@ func TestBinary(t *testing.T) {
 		return ""
 	})
 	t.Logf("Lease taken over %v after the leader was killed", time.Since(killed).Round(time.Millisecond))
-	waitFor(t, "every request served after the takeover", func() string {
-		if done, _ := complete(); done < 8+n {
-			return fmt.Sprintf("%d of %d complete", done, 8+n)
+	total := int64(8 - 2 + n) // bin-n0's two blocks are gone
+	waitFor(t, "the new leader's status and metrics", func() string {
+		if got := allocated(); got != total {
+			return fmt.Sprintf("status: %d blocks, want %d", got, total)
 		}
-		return ""
-	})
-	t.Logf("all served %v after the leader was killed", time.Since(killed).Round(time.Millisecond))
-	if h := leaseHolder(t, c); h == "" || h == holderA {
-		t.Errorf("Lease holder %q after the leader was killed, want the other controller (not %q)", h, holderA)
-	}
-	_, owner := complete()
-	var blocks skeinv1.AddressBlockList
-	if err := c.List(ctx, &blocks, client.MatchingLabels{skeinv1.LabelPool: "bin"}); err != nil {
-		t.Fatal(err)
-	}
-	seen := map[int64]string{}
-	for _, blk := range blocks.Items {
-		if prev, dup := seen[blk.Index]; dup {
-			t.Errorf("index %d in blocks %s and %s", blk.Index, prev, blk.Name)
-		}
-		seen[blk.Index] = blk.Name
-		if _, ok := owner[blk.Name]; !ok {
-			t.Errorf("block %s belongs to no complete request", blk.Name)
-		}
-	}
-	if len(blocks.Items) != 8+n {
-		t.Errorf("%d blocks for %d requests", len(blocks.Items), 8+n)
-	}
-	waitFor(t, "the new leader's metrics", func() string {
-		if g := b.scrape(t)[`skein_pool_blocks_allocated{pool="bin"}`]; g != fmt.Sprint(8+n) {
+		if g := b.scrape(t)[`skein_pool_blocks_allocated{pool="bin"}`]; g != fmt.Sprint(total) {
 			return fmt.Sprintf("blocks allocated %q", g)
 		}
 		return ""
 	})
-
-	// A Node deleted: its blocks and requests go, the pool's status follows.
-	if err := c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bin-n0"}}); err != nil {
-		t.Fatal(err)
+	if h := leaseHolder(t, c); h == "" || h == holderA {
+		t.Errorf("Lease holder %q after the leader was killed, want the other controller (not %q)", h, holderA)
 	}
-	left := 8 + n - (8+n+nodes-1)/nodes // requests i with i%nodes == 0 were bin-n0's
-	waitFor(t, "the deleted node's objects removed", func() string {
-		var bl skeinv1.AddressBlockList
-		if err := c.List(ctx, &bl, client.MatchingLabels{skeinv1.LabelNode: "bin-n0"}); err != nil {
-			return err.Error()
+
+	// bin-n1's skeind stops: the new leader takes its blocks and Lease.
+	close(stopN1)
+	wg.Wait()
+	waitFor(t, "bin-n1's blocks and Lease, once it stopped renewing", func() string {
+		l := &coordinationv1.Lease{}
+		err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: skeinv1.NodeLeaseName("bin-n1")}, l)
+		if blocks := nodeBlocks(t, c, "bin-n1"); blocks > 0 || !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("%d blocks, get Lease: %v", blocks, err)
 		}
-		var rl skeinv1.BlockRequestList
-		if err := c.List(ctx, &rl); err != nil {
-			return err.Error()
-		}
-		p := &skeinv1.AddressPool{}
-		if err := c.Get(ctx, client.ObjectKey{Name: "bin"}, p); err != nil {
-			return err.Error()
-		}
-		if len(bl.Items) > 0 || len(rl.Items) != left || p.Status.BlocksAllocated != int64(left) {
-			return fmt.Sprintf("%d blocks of bin-n0, %d requests (want %d), pool status %d blocks",
-				len(bl.Items), len(rl.Items), left, p.Status.BlocksAllocated)
+		return ""
+	})
+	waitFor(t, "the pool's status after the collection", func() string {
+		if got := allocated(); got != total-2 {
+			return fmt.Sprintf("%d blocks, want %d", got, total-2)
 		}
 		return ""
 	})

@@ -3,106 +3,21 @@ package controller
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
 )
-
-// startAll runs a manager with every reconciler (Setup) until the test
-// ends, without leader election.
-func startAll(t *testing.T, env *kube.Env, opts Options) {
-	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 kube.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := Setup(mgr, opts); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		checkStopped(t, <-done)
-	})
-}
-
-// eventually polls cond every 20 ms until it returns "" or 30 s pass,
-// then fails with its last complaint.
-func eventually(t *testing.T, what string, cond func() string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %s after 30 s", what, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// freeBlock does what a node's skeind does when it lets a block go.
-func freeBlock(t *testing.T, c client.Client, name string) {
-	t.Helper()
-	ctx := context.Background()
-	blk := &skeinv1.AddressBlock{}
-	if err := c.Get(ctx, client.ObjectKey{Name: name}, blk); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Delete(ctx, blk); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Get(ctx, client.ObjectKey{Name: name}, blk); err != nil {
-		t.Fatal(err)
-	}
-	controllerutil.RemoveFinalizer(blk, skeinv1.FinalizerBlock)
-	if err := c.Update(ctx, blk); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func getPool(t *testing.T, c client.Client, name string) *skeinv1.AddressPool {
-	t.Helper()
-	p := &skeinv1.AddressPool{}
-	if err := c.Get(context.Background(), client.ObjectKey{Name: name}, p); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// poolState sums up what the tests check of a pool's status.
-func poolState(p *skeinv1.AddressPool) string {
-	cond := func(typ string) string {
-		c := meta.FindStatusCondition(p.Status.Conditions, typ)
-		if c == nil {
-			return typ + "=?"
-		}
-		return fmt.Sprintf("%s=%s/%s", typ, c.Status, c.Reason)
-	}
-	return fmt.Sprintf("%d/%d %s %s", p.Status.BlocksAllocated, p.Status.BlocksTotal, cond(PoolReady), cond(PoolExhausted))
-}
 
 func TestAddressPoolStatus(t *testing.T) {
 	env := kube.Start(t, kube.Options{})
@@ -111,7 +26,7 @@ func TestAddressPoolStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	startAll(t, env, Options{})
+	startAll(t, env, Options{PoolStatusInterval: time.Second})
 	// Without the Node, its blocks would be garbage.
 	newNode(t, c, "n1")
 	// Three blocks.
@@ -132,16 +47,12 @@ func TestAddressPoolStatus(t *testing.T) {
 	if got := getPool(t, c, "status"); !controllerutil.ContainsFinalizer(got, skeinv1.FinalizerPool) {
 		t.Errorf("pool finalizers %v, want %s", got.Finalizers, skeinv1.FinalizerPool)
 	}
-	var names []string
-	for i := range 3 {
-		br := answer(c, t, request(c, t, "n1", "status"))
-		names = append(names, br.Status.AddressBlockName)
-		if i == 0 {
-			want("1/3 Ready=True/Valid Exhausted=False/BlocksFree")
-		}
-	}
+	makeBlock(t, c, "status", 0, "n1", false)
+	want("1/3 Ready=True/Valid Exhausted=False/BlocksFree")
+	makeBlock(t, c, "status", 1, "n1", false)
+	makeBlock(t, c, "status", 2, "n1", true) // of the old protocol: counts alike
 	want("3/3 Ready=True/Valid Exhausted=True/AllBlocksCarved")
-	freeBlock(t, c, names[1])
+	freeBlock(t, c, skeinv1.BlockName("status", 1))
 	want("2/3 Ready=True/Valid Exhausted=False/BlocksFree")
 
 	// A pool the geometry refuses says why, and has no blocks to give.
@@ -160,7 +71,8 @@ func TestAddressPoolStatus(t *testing.T) {
 }
 
 // TestPoolDeletion: a pool with blocks is not deleted until its nodes
-// have freed every block; then it goes.
+// have freed every block; then it goes at once, however long the status
+// debounce.
 func TestPoolDeletion(t *testing.T) {
 	env := kube.Start(t, kube.Options{})
 	c, err := kube.NewClient(env.Config)
@@ -168,15 +80,16 @@ func TestPoolDeletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	startAll(t, env, Options{})
-	for _, n := range []string{"n1", "n2", "n3"} {
+	const interval = 5 * time.Second
+	startAll(t, env, Options{PoolStatusInterval: interval})
+	for _, n := range []string{"n1", "n2"} {
 		newNode(t, c, n)
 	}
 	if err := c.Create(ctx, newPool("doomed", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.103.0.0/24")})); err != nil {
 		t.Fatal(err)
 	}
-	a := answer(c, t, request(c, t, "n1", "doomed"))
-	b := answer(c, t, request(c, t, "n2", "doomed"))
+	a := makeBlock(t, c, "doomed", 0, "n1", false)
+	b := makeBlock(t, c, "doomed", 1, "n2", false)
 	eventually(t, "pool finalizer and status", func() string {
 		p := getPool(t, c, "doomed")
 		if !controllerutil.ContainsFinalizer(p, skeinv1.FinalizerPool) || p.Status.BlocksAllocated != 2 {
@@ -193,17 +106,17 @@ func TestPoolDeletion(t *testing.T) {
 		}
 		return ""
 	})
-	// New requests are refused meanwhile.
-	br := answer(c, t, request(c, t, "n3", "doomed"))
-	if cond := condition(br, skeinv1.ConditionFailed); cond == nil || cond.Reason != skeinv1.ReasonPoolNotFound {
-		t.Errorf("request for a pool being deleted: %+v, want Failed", br.Status)
-	}
-	freeBlock(t, c, a.Status.AddressBlockName)
-	time.Sleep(500 * time.Millisecond)
-	if p := getPool(t, c, "doomed"); p.Status.BlocksAllocated != 1 {
-		t.Errorf("pool deleted with a block left, or its status is stale: %s", poolState(p))
-	}
-	freeBlock(t, c, b.Status.AddressBlockName)
+	// One block freed: the pool stays, and says so.
+	freeBlock(t, c, a.Name)
+	eventually(t, "a deleted pool with one block left", func() string {
+		if s := poolState(getPool(t, c, "doomed")); s != "1/8 Ready=False/Deleting Exhausted=False/BlocksFree" {
+			return fmt.Sprintf("%q", s)
+		}
+		return ""
+	})
+	// The last one freed: the pool goes at once, not after the interval.
+	freeBlock(t, c, b.Name)
+	freed := time.Now()
 	eventually(t, "pool deletion once its blocks are freed", func() string {
 		err := c.Get(ctx, client.ObjectKey{Name: "doomed"}, &skeinv1.AddressPool{})
 		if !apierrors.IsNotFound(err) {
@@ -211,105 +124,92 @@ func TestPoolDeletion(t *testing.T) {
 		}
 		return ""
 	})
+	if took := time.Since(freed); took > interval/2 {
+		t.Errorf("the pool went %v after its last block, want well within the status interval %v", took, interval)
+	}
 }
 
-func newNode(t *testing.T, c client.Client, name string) *corev1.Node {
-	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := c.Create(context.Background(), n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// objectsOf returns the names of node's blocks and requests.
-func objectsOf(t *testing.T, c client.Client, node string) (blocks, reqs []string) {
-	t.Helper()
-	var bl skeinv1.AddressBlockList
-	if err := c.List(context.Background(), &bl, client.MatchingLabels{skeinv1.LabelNode: node}); err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range bl.Items {
-		blocks = append(blocks, b.Name)
-	}
-	var rl skeinv1.BlockRequestList
-	if err := c.List(context.Background(), &rl); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rl.Items {
-		if r.Spec.NodeName == node {
-			reqs = append(reqs, r.Name)
-		}
-	}
-	return blocks, reqs
-}
-
-// TestNodeGC: the blocks and requests of a deleted Node are removed
-// (finalizers and all), other nodes' are kept, and those of a node gone
-// while no controller ran are found when one starts.
-func TestNodeGC(t *testing.T) {
+// TestPoolStatusBurst: 200 blocks claimed one after the other (a cluster
+// starting) make a handful of status writes, at most one per interval
+// (counted by watching the pool: every write is an event), and the status
+// ends right.
+func TestPoolStatusBurst(t *testing.T) {
 	env := kube.Start(t, kube.Options{})
 	c, err := kube.NewClient(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: kube.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
-	if err := c.Create(ctx, newPool("gc", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.104.0.0/24")})); err != nil {
+	const interval = 2 * time.Second
+	startAll(t, env, Options{PoolStatusInterval: interval})
+	newNode(t, c, "burst-n")
+	if err := c.Create(ctx, newPool("burst", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.120.0.0/16")})); err != nil { // 2048 blocks
 		t.Fatal(err)
 	}
-	// Left by a node that went while no controller ran: a request, and a
-	// block made as the controller makes them.
-	request(c, t, "ghost", "gc")
-	r := &BlockRequestReconciler{Client: c}
-	ghost := &skeinv1.BlockRequest{Spec: skeinv1.BlockRequestSpec{NodeName: "ghost", PoolName: "gc"}}
-	ghostBlock, err := r.newBlock(getPool(t, c, "gc"), mustGeometry(t, getPool(t, c, "gc")), 7, ghost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, ghostBlock); err != nil {
-		t.Fatal(err)
-	}
-
-	startAll(t, env, Options{GCInterval: time.Second})
-	eventually(t, "objects of a node gone before the controller started", func() string {
-		if b, r := objectsOf(t, c, "ghost"); len(b)+len(r) > 0 {
-			return fmt.Sprintf("blocks %v, requests %v", b, r)
+	eventually(t, "the new pool's status", func() string {
+		if s := poolState(getPool(t, c, "burst")); s != "0/2048 Ready=True/Valid Exhausted=False/BlocksFree" {
+			return fmt.Sprintf("%q", s)
 		}
 		return ""
 	})
 
-	n1, n2 := newNode(t, c, "gc-n1"), newNode(t, c, "gc-n2")
-	for range 2 {
-		for _, n := range []string{n1.Name, n2.Name} {
-			answer(c, t, request(c, t, n, "gc"))
-		}
-	}
-	if err := c.Delete(ctx, n1); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "objects of a deleted node", func() string {
-		if b, r := objectsOf(t, c, n1.Name); len(b)+len(r) > 0 {
-			return fmt.Sprintf("blocks %v, requests %v", b, r)
-		}
-		return ""
-	})
-	if b, r := objectsOf(t, c, n2.Name); len(b) != 2 || len(r) != 2 {
-		t.Errorf("node %s, still there, has blocks %v and requests %v, want 2 of each", n2.Name, b, r)
-	}
-	// A block of a missing node appearing later (a request carved just as
-	// its node went) goes too.
-	late, err := r.newBlock(getPool(t, c, "gc"), mustGeometry(t, getPool(t, c, "gc")), 6,
-		&skeinv1.BlockRequest{Spec: skeinv1.BlockRequestSpec{NodeName: n1.Name, PoolName: "gc"}})
+	// Count the status writes from here on.
+	w, err := wc.Watch(ctx, &skeinv1.AddressPoolList{}, client.MatchingFields{"metadata.name": "burst"},
+		&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: getPool(t, c, "burst").ResourceVersion}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Create(ctx, late); err != nil {
-		t.Fatal(err)
+	defer w.Stop()
+	var mu sync.Mutex
+	var writes []time.Time
+	last := getPool(t, c, "burst").Status
+	go func() {
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*skeinv1.AddressPool)
+			if ev.Type != watch.Modified || !ok || equality.Semantic.DeepEqual(p.Status, last) {
+				continue
+			}
+			last = p.Status
+			mu.Lock()
+			writes = append(writes, time.Now())
+			mu.Unlock()
+		}
+	}()
+
+	const n = 200
+	start := time.Now()
+	for i := range uint32(n) {
+		makeBlock(t, c, "burst", i, "burst-n", false)
 	}
-	eventually(t, "a late block of a deleted node", func() string {
-		if b, _ := objectsOf(t, c, n1.Name); len(b) > 0 {
-			return fmt.Sprintf("blocks %v", b)
+	made := time.Since(start)
+	eventually(t, "the pool's status after the burst", func() string {
+		if s := poolState(getPool(t, c, "burst")); s != fmt.Sprintf("%d/2048 Ready=True/Valid Exhausted=False/BlocksFree", n) {
+			return fmt.Sprintf("%q", s)
 		}
 		return ""
 	})
+	done := time.Since(start)
+	// Any write still coming would be a spurious one: give it time.
+	time.Sleep(interval + time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d blocks made in %v, status final after %v, in %d writes", n, made.Round(time.Millisecond), done.Round(time.Millisecond), len(writes))
+	// At most the first change at once, then one per interval.
+	if limit := int(done/interval) + 2; len(writes) > limit {
+		t.Errorf("%d status writes for %d block events in %v, want at most %d (one per %v)", len(writes), n, done, limit, interval)
+	}
+	tooClose := 0
+	for i := 1; i < len(writes); i++ {
+		// The watch delivers a little late or early: 10% leeway.
+		if writes[i].Sub(writes[i-1]) < interval*9/10 {
+			tooClose++
+		}
+	}
+	if tooClose > 0 {
+		t.Errorf("%d status writes less than %v after the one before", tooClose, interval)
+	}
 }

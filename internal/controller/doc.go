@@ -3,14 +3,30 @@
 // NotFound as done, never changes what it read from the cache in place
 // without writing it back, and writes status last.
 //
-//   - BlockRequestReconciler carves blocks of a pool for nodes.
-//   - AddressPoolReconciler keeps a pool's status (blocks carved and total,
-//     Ready, Exhausted) and holds a deleted pool until its blocks are gone.
-//   - NodeGCReconciler removes the blocks and requests of deleted Nodes,
-//     on the Node's deletion and in a periodic sweep.
+// The controller is not in the path of an address: nodes claim their
+// AddressBlocks themselves (skeind creates "<pool>-<index>" with its own
+// nodeName; the API server's name uniqueness is the lock) and free them
+// themselves. What is left to a cluster-wide controller:
 //
-// Setup registers them all with a manager; their metrics (skein_*) join
-// controller-runtime's registry. Block arithmetic is internal/ipam's
-// Geometry, shared with the embedded store (PoolGeometry builds one from
-// an AddressPool).
+//   - AddressPoolReconciler keeps a pool's status (blocks claimed and
+//     total, Ready, Exhausted), written at most once per StatusInterval
+//     however many blocks come and go, and holds a deleted pool with its
+//     finalizer until its last block is gone (at once, not debounced).
+//   - NodeGCReconciler takes back what nodes gone for good leave: their
+//     blocks (deleted, finalizer removed) and liveness Lease, but only
+//     once the Node is deleted and the node's Lease has not been renewed
+//     for a grace period, so a running node never loses a block it hands
+//     addresses out of. It also deletes BlockRequests of the retired grant
+//     protocol. It runs on the events of Nodes, blocks and requests, and
+//     in a periodic sweep.
+//   - EgressReconciler runs each Egress as a Deployment of router pods and
+//     a Service, with the routers' ServiceAccount and binding.
+//
+// The AddressPool validating webhook (internal/webhook) serves on every
+// replica; it uses PoolGeometry from here.
+//
+// Setup registers the reconcilers with a manager, where they run only on
+// the leader; their metrics (skein_*) join controller-runtime's registry.
+// Block arithmetic is internal/ipam's Geometry, shared with the embedded
+// store (PoolGeometry builds one from an AddressPool).
 package controller

@@ -64,6 +64,7 @@ func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Named("egress").
+		WithOptions(queueOptions()).
 		Complete(countErrors("egress", r))
 	if err != nil {
 		return err

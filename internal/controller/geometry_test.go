@@ -67,23 +67,3 @@ func TestPoolGeometry(t *testing.T) {
 		}
 	}
 }
-
-func TestParseBlockName(t *testing.T) {
-	p := &skeinv1.AddressPool{Spec: skeinv1.AddressPoolSpec{Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To("10.0.0.0/24")}}, BlockSizeBits: 5}}
-	p.Name = "a-b"
-	g := mustGeometry(t, p)
-	for _, c := range []struct {
-		name string
-		idx  uint32
-		ok   bool
-	}{
-		{"a-b-0", 0, true}, {"a-b-7", 7, true},
-		{"a-b-8", 0, false}, // beyond the pool
-		{"a-b-07", 0, false}, {"a-b-", 0, false}, {"a-b-x", 0, false}, {"other-1", 0, false}, {"", 0, false},
-	} {
-		idx, ok := parseBlockName(c.name, "a-b", g)
-		if idx != c.idx || ok != c.ok {
-			t.Errorf("parseBlockName(%q) = %d, %v, want %d, %v", c.name, idx, ok, c.idx, c.ok)
-		}
-	}
-}

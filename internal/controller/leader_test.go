@@ -3,15 +3,18 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -26,6 +29,7 @@ type electedManager struct {
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
+	name   string
 }
 
 func startElected(t *testing.T, env *kube.Env, name string) *electedManager {
@@ -50,10 +54,10 @@ func startElected(t *testing.T, env *kube.Env, name string) *electedManager {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := Setup(mgr, Options{}); err != nil {
+	if err := Setup(mgr, Options{NodeGCGrace: time.Second, PoolStatusInterval: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	m := &electedManager{mgr: mgr, cancel: cancel, done: make(chan error, 1)}
+	m := &electedManager{mgr: mgr, cancel: cancel, done: make(chan error, 1), name: name}
 	go func() { m.done <- mgr.Start(ctx) }()
 	t.Cleanup(func() { m.stop(t) })
 	return m
@@ -63,7 +67,9 @@ func startElected(t *testing.T, env *kube.Env, name string) *electedManager {
 func (m *electedManager) stop(t *testing.T) {
 	m.once.Do(func() {
 		m.cancel()
-		checkStopped(t, <-m.done)
+		if err := <-m.done; err != nil {
+			t.Errorf("manager %s: %v", m.name, err)
+		}
 	})
 }
 
@@ -76,10 +82,10 @@ func elected(m *electedManager) bool {
 	}
 }
 
-// statusWriters returns the field managers of br's status.
-func statusWriters(br *skeinv1.BlockRequest) []string {
+// statusWriters returns the field managers of o's status.
+func statusWriters(o client.Object) []string {
 	var w []string
-	for _, f := range br.ManagedFields {
+	for _, f := range o.GetManagedFields() {
 		if f.Subresource == "status" {
 			w = append(w, f.Manager)
 		}
@@ -89,8 +95,9 @@ func statusWriters(br *skeinv1.BlockRequest) []string {
 }
 
 // TestLeaderElection runs two managers on one Lease: only the leader
-// reconciles; when the leader stops mid-burst the other takes over and
-// every request gets a block of its own, no index twice.
+// reconciles; when the leader stops in the middle of a burst of claims,
+// the other takes over: it brings the pool's status up to date and
+// collects the blocks of a node gone for good.
 func TestLeaderElection(t *testing.T) {
 	env := kube.Start(t, kube.Options{})
 	c, err := kube.NewClient(env.Config)
@@ -98,9 +105,7 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := c.Create(ctx, newPool("le", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.105.0.0/21")})); err != nil { // 64 blocks
-		t.Fatal(err)
-	}
+	leaseNamespace(t, c)
 	const nodes = 5
 	for i := range nodes {
 		newNode(t, c, fmt.Sprintf("le-n%d", i))
@@ -113,89 +118,63 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatal("the first manager was not elected in 30 s")
 	}
 	b := startElected(t, env, "ctrl-b")
-
-	// A first burst, served by the leader alone.
-	var first []*skeinv1.BlockRequest
-	for i := range 8 {
-		first = append(first, answer(c, t, request(c, t, fmt.Sprintf("le-n%d", i%nodes), "le")))
-	}
-	if elected(b) {
-		t.Fatal("both managers lead")
-	}
-	for _, br := range first {
-		if w := statusWriters(br); len(w) != 1 || w[0] != "ctrl-a" {
-			t.Errorf("request %s: status written by %v while ctrl-a led, want only ctrl-a", br.Name, w)
-		}
+	if err := c.Create(ctx, newPool("le", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.105.0.0/21")})); err != nil { // 64 blocks
+		t.Fatal(err)
 	}
 
-	// A second burst; the leader stops while it is being served.
-	const n = 40
-	second := make([]*skeinv1.BlockRequest, n)
-	var wg sync.WaitGroup
-	for i := range second {
-		wg.Go(func() { second[i] = request(c, t, fmt.Sprintf("le-n%d", i%nodes), "le") })
+	// A first burst, seen by the leader alone.
+	for i := range uint32(8) {
+		makeBlock(t, c, "le", i, fmt.Sprintf("le-n%d", i%nodes), false)
 	}
-	eventually(t, "some of the second burst served", func() string {
-		var l skeinv1.BlockRequestList
-		if err := c.List(ctx, &l); err != nil {
-			return err.Error()
-		}
-		done := 0
-		for _, br := range l.Items {
-			if meta.IsStatusConditionTrue(br.Status.Conditions, skeinv1.ConditionComplete) {
-				done++
-			}
-		}
-		if done < len(first)+3 {
-			return fmt.Sprintf("%d complete", done)
+	eventually(t, "the pool's status after the first burst", func() string {
+		if p := getPool(t, c, "le"); p.Status.BlocksAllocated != 8 {
+			return poolState(p)
 		}
 		return ""
 	})
 	if elected(b) {
 		t.Fatal("both managers lead")
 	}
-	a.stop(t)
-	wg.Wait()
+	if w := statusWriters(getPool(t, c, "le")); fmt.Sprint(w) != "[ctrl-a]" {
+		t.Errorf("pool status written by %v while ctrl-a led, want only ctrl-a", w)
+	}
+
+	// A second burst; the leader stops while it comes in.
+	const n = 40
+	for i := uint32(8); i < 8+n; i++ {
+		makeBlock(t, c, "le", i, fmt.Sprintf("le-n%d", i%nodes), false)
+		if i == 8+n/2 {
+			a.stop(t)
+		}
+	}
 	select {
 	case <-b.mgr.Elected():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the second manager did not take over in 30 s")
 	}
+	eventually(t, "the pool's status after the takeover", func() string {
+		if p := getPool(t, c, "le"); p.Status.BlocksAllocated != 8+n {
+			return poolState(p)
+		}
+		return ""
+	})
+	if w := statusWriters(getPool(t, c, "le")); !slices.Contains(w, "ctrl-b") {
+		t.Errorf("pool status written by %v after the takeover, want ctrl-b among them", w)
+	}
 
-	owner := map[string]string{} // block → request
-	byB := 0
-	for _, br := range append(first, second...) {
-		got := answer(c, t, br)
-		if !meta.IsStatusConditionTrue(got.Status.Conditions, skeinv1.ConditionComplete) {
-			t.Errorf("request %s: %+v, want Complete", br.Name, got.Status)
-			continue
-		}
-		if prev, dup := owner[got.Status.AddressBlockName]; dup {
-			t.Errorf("block %s given to both %s and %s", got.Status.AddressBlockName, prev, got.Name)
-		}
-		owner[got.Status.AddressBlockName] = string(got.UID)
-		for _, w := range statusWriters(got) {
-			if w == "ctrl-b" {
-				byB++
-			}
-		}
+	// The new leader collects: a node without a Lease, its Node deleted.
+	if err := c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "le-n0"}}); err != nil {
+		t.Fatal(err)
 	}
-	if byB == 0 {
-		t.Errorf("ctrl-b served none of the requests after taking over")
-	}
-	blocks := blocksOf(c, t, "le")
-	if len(blocks) != len(owner) {
-		t.Errorf("%d blocks for %d requests", len(blocks), len(owner))
-	}
-	seen := map[int64]string{}
-	for _, blk := range blocks {
-		if prev, dup := seen[blk.Index]; dup {
-			t.Errorf("index %d in blocks %s and %s", blk.Index, prev, blk.Name)
+	left := 8 + n - (8+n+nodes-1)/nodes // blocks i with i%nodes == 0 were le-n0's
+	eventually(t, "the deleted node's blocks collected by the new leader", func() string {
+		var l skeinv1.AddressBlockList
+		if err := c.List(ctx, &l, client.MatchingLabels{skeinv1.LabelNode: "le-n0"}); err != nil {
+			return err.Error()
 		}
-		seen[blk.Index] = blk.Name
-		if owner[blk.Name] != blk.Labels[skeinv1.LabelRequest] {
-			t.Errorf("block %s carries request %s, whose status does not name it", blk.Name, blk.Labels[skeinv1.LabelRequest])
+		if p := getPool(t, c, "le"); len(l.Items) > 0 || p.Status.BlocksAllocated != int64(left) {
+			return fmt.Sprintf("%d blocks of le-n0, pool %s", len(l.Items), poolState(p))
 		}
-	}
-	t.Logf("ctrl-b served %d of %d requests after the takeover", byB, len(owner))
+		return ""
+	})
 }

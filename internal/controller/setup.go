@@ -9,33 +9,34 @@ import (
 
 // Options configures Setup. The zero value is usable.
 type Options struct {
-	// GCInterval is the time between sweeps for blocks and requests of
-	// deleted nodes; zero means 10 minutes.
+	// GCInterval is the time between sweeps for what nodes gone for good
+	// left; zero means DefaultGCInterval.
 	GCInterval time.Duration
-	// BlockRequestWorkers is how many BlockRequests are served at once;
-	// zero means DefaultBlockRequestWorkers.
-	BlockRequestWorkers int
+	// NodeGCGrace is how long past its Lease's end a node whose Node is
+	// gone keeps its blocks; zero means DefaultNodeGCGrace.
+	NodeGCGrace time.Duration
+	// LeaseNamespace holds the nodes' liveness Leases; "" means
+	// DefaultLeaseNamespace.
+	LeaseNamespace string
+	// RequestMaxAge: BlockRequests older than this are deleted; zero
+	// means DefaultRequestMaxAge.
+	RequestMaxAge time.Duration
+	// PoolStatusInterval is the least time between two status writes of
+	// one pool; zero means DefaultPoolStatusInterval.
+	PoolStatusInterval time.Duration
 	// EgressImage is the image of Egress router pods; "" means
 	// DefaultEgressImage.
 	EgressImage string
 }
 
-// DefaultBlockRequestWorkers is Options.BlockRequestWorkers' default.
-const DefaultBlockRequestWorkers = 4
-
-// Setup registers all of skein-controller's reconcilers with mgr: block
-// requests, pool status and finalizer, Egress gateways, and the garbage collection of
-// deleted nodes. They run only while mgr leads, if it elects a leader.
+// Setup registers all of skein-controller's reconcilers with mgr: pool
+// status and finalizer, Egress gateways, and the garbage collection of
+// nodes gone for good. They run only while mgr leads, if it elects a
+// leader.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	reader := mgr.GetAPIReader()
-	workers := opts.BlockRequestWorkers
-	if workers <= 0 {
-		workers = DefaultBlockRequestWorkers
-	}
-	if err := (&BlockRequestReconciler{Client: mgr.GetClient(), Reader: reader, Workers: workers}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the BlockRequest reconciler: %w", err)
-	}
-	if err := (&AddressPoolReconciler{Client: mgr.GetClient(), Reader: reader}).SetupWithManager(mgr); err != nil {
+	pools := &AddressPoolReconciler{Client: mgr.GetClient(), Reader: reader, StatusInterval: opts.PoolStatusInterval}
+	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the AddressPool reconciler: %w", err)
 	}
 	eg := &EgressReconciler{
@@ -45,7 +46,10 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := eg.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the Egress reconciler: %w", err)
 	}
-	gc := &NodeGCReconciler{Client: mgr.GetClient(), Reader: reader, Interval: opts.GCInterval}
+	gc := &NodeGCReconciler{
+		Client: mgr.GetClient(), Reader: reader, Interval: opts.GCInterval,
+		LeaseNamespace: opts.LeaseNamespace, Grace: opts.NodeGCGrace, RequestMaxAge: opts.RequestMaxAge,
+	}
 	if err := gc.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node garbage collector: %w", err)
 	}
