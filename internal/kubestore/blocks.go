@@ -208,7 +208,7 @@ func (s *Store) blockObject(p *skeinv1.AddressPool, index uint32) (*skeinv1.Addr
 			Finalizers: []string{skeinv1.FinalizerBlock},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool", Name: p.Name, UID: p.UID,
-				BlockOwnerDeletion: ptr.To(true),
+				BlockOwnerDeletion: ptr.To(false), // true would need update on addresspools/finalizers (OwnerReferencesPermissionEnforcement)
 			}},
 		},
 		NodeName: s.node,

@@ -358,11 +358,15 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"update", pools, "status", "", true},
 			{"create", pools, "", "", false},
 			{"delete", pools, "", "", false},
-			{"create", blocks, "", "", true},
+			// Nodes claim their own blocks: the controller only takes
+			// back those of nodes gone for good, and old requests.
+			{"create", blocks, "", "", false},
+			{"update", blocks, "", "", false},
 			{"delete", blocks, "", "", true},
+			{"patch", blocks, "", "", true},
 			{"list", requests, "", "", true},
 			{"delete", requests, "", "", true},
-			{"update", requests, "status", "", true},
+			{"update", requests, "status", "", false},
 			{"create", requests, "", "", false},
 			{"list", "nodes", "", "", true},
 			{"update", "nodes", "", "", false},
@@ -370,6 +374,7 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"create", "events", "", "default", true},
 			{"create", leases, "", namespace, true},
 			{"update", leases, "", namespace, true},
+			{"delete", leases, "", namespace, true}, // a collected node's liveness Lease
 			{"create", leases, "", "kube-system", false},
 			{"get", "secrets/skein-webhook-cert", "", namespace, true},
 			{"update", "secrets/skein-webhook-cert", "", namespace, true},

@@ -44,9 +44,12 @@ func Snapshot(t testing.TB, ns *NS) State {
 	settle(t, ns, h)
 	st, err := readState(h)
 	// A dump that raced a change (the kernel flags it, the library
-	// returns ErrDumpInterrupted) is read again.
-	for i := 0; i < 5 && errors.Is(err, netlink.ErrDumpInterrupted); i++ {
-		time.Sleep(10 * time.Millisecond)
+	// returns ErrDumpInterrupted) is read again once the namespace had
+	// time to settle: backing off up to 10 s in all, since in a slow
+	// emulated guest IPv6 keeps changing addresses for seconds after a
+	// link comes up (five tries 10 ms apart failed there).
+	for wait, deadline := 10*time.Millisecond, time.Now().Add(10*time.Second); errors.Is(err, netlink.ErrDumpInterrupted) && time.Now().Before(deadline); wait = min(2*wait, 500*time.Millisecond) {
+		time.Sleep(wait)
 		st, err = readState(h)
 	}
 	if err != nil {
