@@ -274,7 +274,7 @@ func TestKubeCluster(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("tiny", 0), Finalizers: []string{skeinv1.FinalizerBlock},
 			Labels: map[string]string{skeinv1.LabelPool: "tiny", skeinv1.LabelNode: "kc-ghost"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool",
-				Name: "tiny", UID: pools["tiny"].UID, BlockOwnerDeletion: ptr.To(true)}}},
+				Name: "tiny", UID: pools["tiny"].UID, BlockOwnerDeletion: ptr.To(false)}}},
 		NodeName: "kc-ghost", Index: 0, IPv4: ptr.To("10.122.0.0/29"),
 	}
 	if err := c.Create(bg, tinyBlock); err != nil {
@@ -465,7 +465,7 @@ func strayBlock(t *testing.T, c client.Client, pool *skeinv1.AddressPool, node s
 		ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName(pool.Name, uint32(i)), Finalizers: []string{skeinv1.FinalizerBlock},
 			Labels: map[string]string{skeinv1.LabelPool: pool.Name, skeinv1.LabelNode: node},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: skeinv1.GroupVersion.String(), Kind: "AddressPool",
-				Name: pool.Name, UID: pool.UID, BlockOwnerDeletion: ptr.To(true)}}},
+				Name: pool.Name, UID: pool.UID, BlockOwnerDeletion: ptr.To(false)}}},
 		NodeName: node, Index: i, IPv4: ptr.To(v4.String()),
 	}
 	if err := c.Create(context.Background(), b); err != nil {
