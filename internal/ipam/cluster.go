@@ -222,12 +222,14 @@ func (m *Manager) claimFor(ctx context.Context, ps *poolState, need *needBlock) 
 	ranges := geo.usableBlocks(need.within, need.v6)
 	ps.mu.Unlock()
 
-	blk, err := m.claimIndex(ctx, name, geo, ranges, need.want)
+	blk, err := m.claimIndex(ctx, ps, name, geo, ranges, need.want)
+	ps.mu.Lock()
+	defer m.unlock(ps)
+	// A claim whose answer was lost is adopt's again from here on.
+	ps.claiming = nil
 	if err != nil {
 		return err
 	}
-	ps.mu.Lock()
-	defer m.unlock(ps)
 	b := ps.addBlock(blk.Index)
 	b.emptySince = time.Now()
 	ps.claimed = true
@@ -257,8 +259,9 @@ func (m *Manager) hasRoom(ps *poolState, v6 bool, within []netip.Prefix) bool {
 // at once spread over the pool instead of colliding on its lowest free
 // block. A refused create marks the index taken and moves on; the same
 // index is never asked for twice.
-func (m *Manager) claimIndex(ctx context.Context, pool string, geo *Geometry, ranges []indexRange, want *uint32) (store.Block, error) {
+func (m *Manager) claimIndex(ctx context.Context, ps *poolState, pool string, geo *Geometry, ranges []indexRange, want *uint32) (store.Block, error) {
 	if want != nil {
+		ps.markClaiming(*want)
 		blk, err := m.st.ClaimBlock(ctx, pool, m.node, geo.Blocks(), want, nil)
 		if errors.Is(err, store.ErrConflict) {
 			return blk, fmt.Errorf("%w: block %d of pool %q is taken (node %q): %v", ErrInUse, *want, pool, blk.Node, err)
@@ -282,6 +285,7 @@ func (m *Manager) claimIndex(ctx context.Context, pool string, geo *Geometry, ra
 		if !ok {
 			return store.Block{}, fmt.Errorf("%w in pool %q: every block is claimed", ErrExhausted, pool)
 		}
+		ps.markClaiming(i)
 		blk, err := m.st.ClaimBlock(ctx, pool, m.node, geo.Blocks(), &i, nil)
 		if errors.Is(err, store.ErrConflict) {
 			taken[i] = true
@@ -547,8 +551,8 @@ func (m *Manager) adopt(ctx context.Context, ps *poolState) error {
 		if blk.Node != m.node || blk.Index >= ps.geo.Blocks() || ps.blocks[blk.Index] != nil {
 			continue
 		}
-		if !m.cluster.Owns(ps.def.Name, blk.Index, m.node) {
-			continue // being deleted
+		if !m.cluster.Owns(ps.def.Name, blk.Index, m.node) || ps.claiming[blk.Index] {
+			continue // being deleted; or being claimed right now (claimFor adds it)
 		}
 		b := ps.addBlock(blk.Index)
 		b.emptySince = time.Now()
@@ -671,6 +675,17 @@ func (ps *poolState) holdStale(a netip.Addr) {
 		ps.stale = map[netip.Addr]bool{}
 	}
 	ps.stale[a] = true
+}
+
+// markClaiming notes that a claim of index i is under way (claimFor, which
+// holds claimMu, adds the block when it succeeds): adopt leaves it to it.
+func (ps *poolState) markClaiming(i uint32) {
+	ps.mu.Lock()
+	if ps.claiming == nil {
+		ps.claiming = map[uint32]bool{}
+	}
+	ps.claiming[i] = true
+	ps.mu.Unlock()
 }
 
 // dropBlock forgets block i; the caller holds ps.mu.

@@ -83,12 +83,15 @@ type poolState struct {
 	lastUsed time.Time
 	// stale are addresses held under the pool's name by attachments of an
 	// earlier state of it, in blocks this node does not hold (yet).
-	stale  map[netip.Addr]bool
-	def    store.Pool
-	geo    *Geometry
-	blocks map[uint32]*blockState
-	order  []uint32 // owned block indices, ascending
-	cursor int      // position in order where the search starts
+	stale map[netip.Addr]bool
+	// claiming are indices a claim under claimMu asks for now (adopt
+	// leaves them to it); reset when the claim ends.
+	claiming map[uint32]bool
+	def      store.Pool
+	geo      *Geometry
+	blocks   map[uint32]*blockState
+	order    []uint32 // owned block indices, ascending
+	cursor   int      // position in order where the search starts
 	// claimed is set when a block is claimed under mu; unlock reports it
 	// through OnBlocksChanged once mu is released.
 	claimed bool
