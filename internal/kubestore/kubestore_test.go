@@ -41,6 +41,7 @@ type nodeOpts struct {
 	minBlockAge time.Duration
 	run         bool
 	cache       cache.Cache
+	lease       time.Duration // 0: the default
 }
 
 func startNode(t *testing.T, env *kube.Env, name, dir string, o nodeOpts) *node {
@@ -50,7 +51,7 @@ func startNode(t *testing.T, env *kube.Env, name, dir string, o nodeOpts) *node 
 		t.Fatal(err)
 	}
 	st, err := kubestore.New(context.Background(), kubestore.Options{Config: env.Config, Node: name, Local: local,
-		GrantTimeout: o.timeout, Cache: o.cache})
+		GrantTimeout: o.timeout, Cache: o.cache, LeaseDuration: o.lease})
 	if err != nil {
 		local.Close()
 		t.Fatal(err)

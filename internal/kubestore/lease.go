@@ -28,6 +28,9 @@ type leaseKeeper struct {
 	duration  time.Duration
 	wg        sync.WaitGroup
 	warned    bool
+	// last is the Lease as last written: a renewal is one update of it
+	// (no read first) unless someone else changed it meanwhile.
+	last *coordinationv1.Lease
 }
 
 func newLeaseKeeper(s *Store, namespace string, duration time.Duration) *leaseKeeper {
@@ -82,6 +85,19 @@ func (l *leaseKeeper) renew(ctx context.Context) {
 func (l *leaseKeeper) renewOnce(ctx context.Context) error {
 	now := metav1.NewMicroTime(time.Now())
 	name := skeinv1.NodeLeaseName(l.s.node)
+	if l.last != nil {
+		lease := l.last.DeepCopy()
+		lease.Spec.RenewTime = &now
+		err := l.s.client.Update(ctx, lease)
+		if err == nil {
+			l.last = lease
+			return nil
+		}
+		l.last = nil // changed or gone: read it again below
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("renew Lease %s/%s: %w", l.namespace, name, err)
+		}
+	}
 	lease := &coordinationv1.Lease{}
 	err := l.s.client.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: name}, lease)
 	if apierrors.IsNotFound(err) {
@@ -98,6 +114,7 @@ func (l *leaseKeeper) renewOnce(ctx context.Context) error {
 		if err := l.s.client.Create(ctx, lease); err != nil {
 			return fmt.Errorf("create Lease %s/%s: %w", l.namespace, name, err)
 		}
+		l.last = lease
 		return nil
 	}
 	if err != nil {
@@ -109,6 +126,7 @@ func (l *leaseKeeper) renewOnce(ctx context.Context) error {
 	if err := l.s.client.Update(ctx, lease); err != nil {
 		return fmt.Errorf("renew Lease %s/%s: %w", l.namespace, name, err)
 	}
+	l.last = lease
 	return nil
 }
 

@@ -43,8 +43,11 @@ func (v *blockValidator) ValidateCreate(ctx context.Context, b *skeinv1.AddressB
 		}
 		return nil, fmt.Errorf("read AddressPool %q: %w", poolName, err)
 	}
+	// The node's blocks of the pool by their labels (the admission policy
+	// makes a claim's node label its nodeName): the cache copies only
+	// those, not the pool's thousands.
 	var list skeinv1.AddressBlockList
-	if err := v.reader.List(ctx, &list, client.MatchingLabels{skeinv1.LabelPool: poolName}); err != nil {
+	if err := v.reader.List(ctx, &list, client.MatchingLabels{skeinv1.LabelPool: poolName, skeinv1.LabelNode: b.NodeName}); err != nil {
 		return nil, fmt.Errorf("list the blocks of AddressPool %q: %w", poolName, err)
 	}
 	held := 0
