@@ -44,8 +44,10 @@ func (s *timedStore) ClaimBlock(ctx context.Context, pool, node string, n uint32
 	s.inflight++
 	s.mu.Unlock()
 
-	b, err := s.Store.ClaimBlock(context.WithValue(ctx, claimKey{}, true), pool, node, n, want, ok)
+	ct := &claimTime{}
+	b, err := s.Store.ClaimBlock(context.WithValue(ctx, claimKey{}, ct), pool, node, n, want, ok)
 	took := time.Since(start)
+	client := took - time.Duration(ct.wire.Load()) // rate limiter and this process
 
 	taken := errors.Is(err, store.ErrConflict)
 	s.mu.Lock()
@@ -72,10 +74,12 @@ func (s *timedStore) ClaimBlock(ctx context.Context, pool, node string, n uint32
 				s.held = map[string]bool{}
 			}
 			s.held[skeinv1.BlockName(pool, b.Index)] = true
+			s.rec.created(skeinv1.BlockName(pool, b.Index))
 		}
 	}
 	s.mu.Unlock()
-	s.rec.claim(claimSample{Node: s.node, At: start.Sub(s.rec.t0), Took: took, Taken: taken, Self: again, Err: err != nil && !taken, Round: round})
+	s.rec.claim(claimSample{Node: s.node, At: start.Sub(s.rec.t0), Took: took, Client: client, Taken: taken, Self: again,
+		Err: err != nil && !taken, Round: round})
 	if !taken {
 		s.rec.grant(grantSample{At: start.Sub(s.rec.t0), Took: grant, Err: err != nil, Round: round, Tries: tries})
 	}
@@ -120,8 +124,11 @@ func (s *timedStore) obtained() int {
 // Round is the node's block count after it (1 = its first block), 0
 // unless it obtained a block.
 type claimSample struct {
-	Node       string
-	At, Took   time.Duration
+	Node     string
+	At, Took time.Duration
+	// Client is the part of Took outside the transport: client-go's rate
+	// limiter, and this process's scheduling.
+	Client     time.Duration
 	Taken, Err bool
 	Self       bool
 	Round      int
@@ -143,6 +150,45 @@ type recorder struct {
 	grants []grantSample
 	errs   []string // the first few failed claims
 	nErrs  int
+	// The shared cache's lag: when each block's create returned to its
+	// node, and when the cache's last handler saw it.
+	createdAt, seenAt map[string]time.Time
+}
+
+func (r *recorder) created(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.createdAt == nil {
+		r.createdAt = map[string]time.Time{}
+	}
+	if _, ok := r.createdAt[name]; !ok {
+		r.createdAt[name] = time.Now()
+	}
+}
+
+func (r *recorder) seen(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.seenAt == nil {
+		r.seenAt = map[string]time.Time{}
+	}
+	if _, ok := r.seenAt[name]; !ok {
+		r.seenAt[name] = time.Now()
+	}
+}
+
+// cacheLags are, for each block created, how long after its create
+// returned the shared cache's handlers reached it (negative: before).
+func (r *recorder) cacheLags() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []time.Duration
+	for name, c := range r.createdAt {
+		if s, ok := r.seenAt[name]; ok {
+			out = append(out, s.Sub(c))
+		}
+	}
+	return out
 }
 
 func (r *recorder) claim(s claimSample) {

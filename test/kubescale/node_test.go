@@ -163,6 +163,10 @@ type pathKey struct{}
 
 type claimKey struct{}
 
+// claimTime adds up the time a claim's requests spent past the client's
+// rate limiter (on the wire and in the API server).
+type claimTime struct{ wire atomic.Int64 }
+
 func (c *pathCount) on(ctx context.Context) context.Context {
 	return context.WithValue(ctx, pathKey{}, c)
 }
@@ -202,12 +206,16 @@ func (m *meter) wrap(rt http.RoundTripper) http.RoundTripper {
 				c.creates.Add(1)
 			}
 		}
-		if write && r.Context().Value(claimKey{}) != nil {
+		claim, _ := r.Context().Value(claimKey{}).(*claimTime)
+		if write && claim != nil {
 			m.claimWrites.Add(1)
 		}
 		resp, err := rt.RoundTrip(r)
 		if r.URL.Query().Get("watch") == "" {
 			m.lat.add(requestKind(r), time.Since(start))
+		}
+		if claim != nil {
+			claim.wire.Add(int64(time.Since(start)))
 		}
 		if err != nil {
 			return resp, err

@@ -92,8 +92,8 @@ func chart(path string, r *Results) error {
 func report(r *Results) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Kubernetes mode at scale\n\n")
-	fmt.Fprintf(&b, "- Date: %s\n- Machine: %s; load average %.1f at the start, %.1f at the burst's end\n- Command: `%s`\n\n",
-		r.Date, r.Machine, r.LoadAverageStart, r.LoadAverageEnd, r.Command)
+	fmt.Fprintf(&b, "- Date: %s\n- Machine: %s; one-minute load average %.1f at the start, %.1f at the burst's end, %.1f at most\n- Command: `%s`\n\n",
+		r.Date, r.Machine, r.LoadAverageStart, r.LoadAverageEnd, r.LoadAverageMax, r.Command)
 	fmt.Fprintf(&b, "A real etcd and kube-apiserver (test/kube) with deploy/kubernetes's skeind RBAC and per-node policies"+
 		" (and its priority level: %t), the real skein-controller binary (--kube-api-qps %d; its webhooks, the AddressBlock one on every claim: %t), "+
 		"%d simulated nodes (each skeind's ipam.Manager and its loop over its own kubestore.Store, as skeind's ServiceAccount "+
@@ -106,6 +106,8 @@ func report(r *Results) string {
 	row("nodes' start and burst", "%.1f s (%.0f ADDs/s)", r.BurstSeconds, r.AddsPerSecond)
 	row("**claim latency** (one create) p50 / p99 / max", "%.0f / **%.0f** / %.0f ms", r.ClaimP50ms, r.ClaimP99ms, r.ClaimMaxms)
 	row("claim latency p99, startup round alone", "%.0f ms", r.StartupClaimP99ms)
+	row("of a claim, client side (rate limiter, this process) p99", "%.0f ms", r.ClaimClientP99ms)
+	row("shared cache's lag behind a create p50 / p99 (all node handlers run)", "%.0f / %.0f ms", r.CacheLagP50ms, r.CacheLagP99ms)
 	row("grant latency (a block, all tries) p50 / p99 / max", "%.0f / %.0f / %.0f ms", r.GrantP50ms, r.GrantP99ms, r.GrantMaxms)
 	row("claims / collisions (409) / of them on the node's own block / writes per claim", "%d / %d / %d / %.3f",
 		r.Claims, r.Collisions, r.SelfCollisions, r.WritesPerClaim)

@@ -20,8 +20,10 @@ type Results struct {
 	// the API server's CPU).
 	CacheCopies bool
 	// LoadAverage is the machine's one-minute load average when the nodes
-	// started and when the burst ended (the machine is shared).
+	// started, when the burst ended, and the highest in between (the
+	// machine is shared with other jobs).
 	LoadAverageStart, LoadAverageEnd float64
+	LoadAverageMax                   float64 // sampled every 5 s while the nodes claim
 
 	Blocks                 int64 // blocks obtained by the nodes (burst and startup)
 	BurstSeconds           float64
@@ -35,7 +37,16 @@ type Results struct {
 	// alone (every node's first block, all at once).
 	ClaimP50ms, ClaimP99ms, ClaimMaxms float64
 	StartupClaimP99ms                  float64
-	Claims                             int // ClaimBlock calls
+	// ClaimClientP99ms: the part of a claim spent in the node's client
+	// before and between its requests (client-go's rate limiter, this
+	// process's scheduling), p99.
+	ClaimClientP99ms float64
+	// CacheLagP50ms, CacheLagP99ms: from a block's create returning to its
+	// node until the shared cache's last handler (behind every node's)
+	// saw it. A claim chooses its index from the cache: a lagging cache
+	// means collisions.
+	CacheLagP50ms, CacheLagP99ms float64
+	Claims                       int // ClaimBlock calls
 	// WritesPerClaim is AddressBlock creates attempted per block obtained
 	// (1 + Collisions/Blocks); Collisions are the creates refused with 409
 	// (another node had the index), as kubestore counts them

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/ipam"
@@ -127,6 +129,9 @@ func run(tb testing.TB, p params) *Results {
 	lat := &latencies{}
 	o := nodeOptions{env: env, shared: shared, claimTimeout: p.claimTimeout, leases: p.leases, rec: rec, level: level, lat: lat}
 	nodes := startNodes(ctx, tb, o, names, tokens)
+	// Registered after every node's: the shared informer hands each event
+	// to its handlers in turn, so this one sees a block last.
+	lastHandler(ctx, tb, shared, rec)
 	probe, nodes := nodes[p.nodes], nodes[:p.nodes]
 	// The probe starts after the controller's restart; its claims (and
 	// their failures while the webhook is away) are not the burst's.
@@ -171,6 +176,22 @@ func run(tb testing.TB, p params) *Results {
 	// skeind's startup does before it serves (FreeUnusedBlocks keeps a
 	// spare of the default pool); then each runs the Manager's loop.
 	var problems problemList
+	loadDone := make(chan struct{})
+	loadMax := make(chan float64, 1)
+	go func() { // the highest one-minute load average while the nodes claim
+		hi := loadAverage()
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-loadDone:
+				loadMax <- max(hi, loadAverage())
+				return
+			case <-t.C:
+				hi = max(hi, loadAverage())
+			}
+		}
+	}()
 	rec.t0 = time.Now()
 	each(nodes, func(n *node) {
 		if _, err := n.m.FreeUnusedBlocks(ctx); err != nil {
@@ -195,6 +216,8 @@ func run(tb testing.TB, p params) *Results {
 	}
 	settle(nodes)
 	res.LoadAverageEnd = loadAverage()
+	close(loadDone)
+	res.LoadAverageMax = <-loadMax
 	for k, pid := range pids {
 		d := cpuSeconds(pid) - cpu0[k]
 		switch k {
@@ -488,9 +511,10 @@ func steady(ctx context.Context, tb testing.TB, p params, subnet netip.Prefix, n
 // claimFigures fills the claim and grant figures from the recorder and
 // the nodes' meters.
 func claimFigures(res *Results, rec *recorder, nodes []*node) {
-	var claims, startupClaims, grants []time.Duration
+	var claims, startupClaims, grants, client []time.Duration
 	for _, s := range rec.claims {
 		claims = append(claims, s.Took)
+		client = append(client, s.Client)
 		if s.Round == 1 {
 			startupClaims = append(startupClaims, s.Took)
 		}
@@ -508,6 +532,9 @@ func claimFigures(res *Results, rec *recorder, nodes []*node) {
 	res.Claims = len(rec.claims)
 	res.ClaimP50ms, res.ClaimP99ms, res.ClaimMaxms = pct(claims, 50), pct(claims, 99), pct(claims, 100)
 	res.StartupClaimP99ms = pct(startupClaims, 99)
+	res.ClaimClientP99ms = pct(client, 99)
+	lags := rec.cacheLags()
+	res.CacheLagP50ms, res.CacheLagP99ms = pct(lags, 50), pct(lags, 99)
 	res.GrantP50ms, res.GrantP99ms, res.GrantMaxms = pct(grants, 50), pct(grants, 99), pct(grants, 100)
 	res.TriesPerGrantP99 = rank(tries, 99)
 	var creates int64
@@ -583,4 +610,22 @@ func requestTable(l *latencies) []RequestFigures {
 	}
 	slices.SortFunc(out, func(a, b RequestFigures) int { return b.Count - a.Count })
 	return out
+}
+
+// lastHandler adds a handler to the shared cache's AddressBlock informer
+// that records when it first sees each block.
+func lastHandler(ctx context.Context, tb testing.TB, c cache.Cache, rec *recorder) {
+	inf, err := c.GetInformer(ctx, &skeinv1.AddressBlock{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if b, ok := o.(*skeinv1.AddressBlock); ok {
+				rec.seen(b.Name)
+			}
+		},
+	}); err != nil {
+		tb.Fatal(err)
+	}
 }
