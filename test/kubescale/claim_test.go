@@ -48,6 +48,7 @@ func (s *timedStore) ClaimBlock(ctx context.Context, pool, node string, n uint32
 	b, err := s.Store.ClaimBlock(context.WithValue(ctx, claimKey{}, ct), pool, node, n, want, ok)
 	took := time.Since(start)
 	client := took - time.Duration(ct.wire.Load()) // rate limiter and this process
+	limiter := time.Duration(ct.limiter.Load())
 
 	taken := errors.Is(err, store.ErrConflict)
 	s.mu.Lock()
@@ -78,7 +79,7 @@ func (s *timedStore) ClaimBlock(ctx context.Context, pool, node string, n uint32
 		}
 	}
 	s.mu.Unlock()
-	s.rec.claim(claimSample{Node: s.node, At: start.Sub(s.rec.t0), Took: took, Client: client, Taken: taken, Self: again,
+	s.rec.claim(claimSample{Node: s.node, At: start.Sub(s.rec.t0), Took: took, Client: client, Limiter: limiter, Taken: taken, Self: again,
 		Err: err != nil && !taken, Round: round})
 	if !taken {
 		s.rec.grant(grantSample{At: start.Sub(s.rec.t0), Took: grant, Err: err != nil, Round: round, Tries: tries})
@@ -127,11 +128,11 @@ type claimSample struct {
 	Node     string
 	At, Took time.Duration
 	// Client is the part of Took outside the transport: client-go's rate
-	// limiter, and this process's scheduling.
-	Client     time.Duration
-	Taken, Err bool
-	Self       bool
-	Round      int
+	// limiter, and this process's scheduling; Limiter the rate limiter's.
+	Client, Limiter time.Duration
+	Taken, Err      bool
+	Self            bool
+	Round           int
 }
 
 // grantSample is one block obtained (or given up on), all tries included

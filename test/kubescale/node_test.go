@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
+	clientmetrics "k8s.io/client-go/tools/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/skeinnet/skein/internal/ipam"
@@ -164,8 +166,24 @@ type pathKey struct{}
 type claimKey struct{}
 
 // claimTime adds up the time a claim's requests spent past the client's
-// rate limiter (on the wire and in the API server).
-type claimTime struct{ wire atomic.Int64 }
+// rate limiter (on the wire and in the API server), and in it.
+type claimTime struct{ wire, limiter atomic.Int64 }
+
+// limiterWaits receives client-go's rate limiter waits (every client's:
+// the variable is client-go's global hook, which controller-runtime does
+// not set) and adds those of a claim's requests to its claimTime.
+type limiterWaits struct{ all atomic.Int64 }
+
+func (l *limiterWaits) Observe(ctx context.Context, _ string, _ url.URL, d time.Duration) {
+	l.all.Add(int64(d))
+	if c, ok := ctx.Value(claimKey{}).(*claimTime); ok {
+		c.limiter.Add(int64(d))
+	}
+}
+
+var rateLimiter = &limiterWaits{}
+
+func init() { clientmetrics.RateLimiterLatency = rateLimiter }
 
 func (c *pathCount) on(ctx context.Context) context.Context {
 	return context.WithValue(ctx, pathKey{}, c)

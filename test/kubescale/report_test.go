@@ -45,14 +45,17 @@ func chart(path string, r *Results) error {
 	p.Title.Text = fmt.Sprintf("Block claims (one create each) during the run (%d nodes, %d pods)", r.Nodes, r.Pods)
 	p.X.Label.Text = "time since the nodes started (s)"
 	p.Y.Label.Text = "claim latency (ms)"
-	var got, taken plotter.XYs
+	var got, taken, failed plotter.XYs
 	end := 0.0
 	for _, s := range r.claims {
 		pt := plotter.XY{X: s.At.Seconds(), Y: float64(s.Took.Microseconds()) / 1000}
 		end = max(end, pt.X)
-		if s.Taken {
+		switch {
+		case s.Taken:
 			taken = append(taken, pt)
-		} else {
+		case s.Err:
+			failed = append(failed, pt)
+		default:
 			got = append(got, pt)
 		}
 	}
@@ -60,7 +63,11 @@ func chart(path string, r *Results) error {
 		name string
 		pts  plotter.XYs
 		c    color.Color
-	}{{"created", got, color.RGBA{B: 200, A: 255}}, {"409: index taken", taken, color.RGBA{R: 220, A: 255}}} {
+	}{
+		{"created", got, color.RGBA{B: 200, A: 255}},
+		{"409: index taken", taken, color.RGBA{R: 220, A: 255}},
+		{"failed (timeout, webhook)", failed, color.RGBA{G: 160, A: 255}},
+	} {
 		if len(set.pts) == 0 {
 			continue
 		}
@@ -106,7 +113,8 @@ func report(r *Results) string {
 	row("nodes' start and burst", "%.1f s (%.0f ADDs/s)", r.BurstSeconds, r.AddsPerSecond)
 	row("**claim latency** (one create) p50 / p99 / max", "%.0f / **%.0f** / %.0f ms", r.ClaimP50ms, r.ClaimP99ms, r.ClaimMaxms)
 	row("claim latency p99, startup round alone", "%.0f ms", r.StartupClaimP99ms)
-	row("of a claim, client side (rate limiter, this process) p99", "%.0f ms", r.ClaimClientP99ms)
+	row("of a claim, client side p99: all (this process's scheduling included) / client-go's rate limiter", "%.0f / %.0f ms",
+		r.ClaimClientP99ms, r.ClaimRateLimiterP99ms)
 	row("shared cache's lag behind a create p50 / p99 (all node handlers run)", "%.0f / %.0f ms", r.CacheLagP50ms, r.CacheLagP99ms)
 	row("grant latency (a block, all tries) p50 / p99 / max", "%.0f / %.0f / %.0f ms", r.GrantP50ms, r.GrantP99ms, r.GrantMaxms)
 	row("claims / collisions (409) / of them on the node's own block / writes per claim", "%d / %d / %d / %.3f",

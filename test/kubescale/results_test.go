@@ -41,6 +41,9 @@ type Results struct {
 	// before and between its requests (client-go's rate limiter, this
 	// process's scheduling), p99.
 	ClaimClientP99ms float64
+	// ClaimRateLimiterP99ms: of that, the wait in client-go's rate limiter
+	// (each node's own: client-go's default QPS 5, burst 10), p99.
+	ClaimRateLimiterP99ms float64
 	// CacheLagP50ms, CacheLagP99ms: from a block's create returning to its
 	// node until the shared cache's last handler (behind every node's)
 	// saw it. A claim chooses its index from the cache: a lagging cache

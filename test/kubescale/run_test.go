@@ -511,10 +511,11 @@ func steady(ctx context.Context, tb testing.TB, p params, subnet netip.Prefix, n
 // claimFigures fills the claim and grant figures from the recorder and
 // the nodes' meters.
 func claimFigures(res *Results, rec *recorder, nodes []*node) {
-	var claims, startupClaims, grants, client []time.Duration
+	var claims, startupClaims, grants, client, limiter []time.Duration
 	for _, s := range rec.claims {
 		claims = append(claims, s.Took)
 		client = append(client, s.Client)
+		limiter = append(limiter, s.Limiter)
 		if s.Round == 1 {
 			startupClaims = append(startupClaims, s.Took)
 		}
@@ -533,6 +534,7 @@ func claimFigures(res *Results, rec *recorder, nodes []*node) {
 	res.ClaimP50ms, res.ClaimP99ms, res.ClaimMaxms = pct(claims, 50), pct(claims, 99), pct(claims, 100)
 	res.StartupClaimP99ms = pct(startupClaims, 99)
 	res.ClaimClientP99ms = pct(client, 99)
+	res.ClaimRateLimiterP99ms = pct(limiter, 99)
 	lags := rec.cacheLags()
 	res.CacheLagP50ms, res.CacheLagP99ms = pct(lags, 50), pct(lags, 99)
 	res.GrantP50ms, res.GrantP99ms, res.GrantMaxms = pct(grants, 50), pct(grants, 99), pct(grants, 100)
