@@ -16,12 +16,13 @@ const maxWritesPerClaim = 1.5
 // TestClaimBurst is the benchmark's run at a small size, with its
 // figures asserted: 30 nodes as skeind's identity start at once and bring
 // 3,000 addresses into use (four blocks each, four rounds), with leases,
-// watches and skeind's priority level on.
+// the controller's webhook, skeind's priority level, every node's watches
+// and every node's handlers on every block event, as in a cluster.
 func TestClaimBurst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver")
 	}
-	p := params{nodes: 30, pods: 3000, bits: 5, controllerQPS: 100, flowSchema: true, webhook: true, leases: true, watch: true, steady: 8}
+	p := params{nodes: 30, pods: 3000, bits: 5, controllerQPS: 100, flowSchema: true, webhook: true, leases: true, watch: true, fanout: true, steady: 8}
 	r := run(t, p)
 	t.Logf("claims %d (p50 %.0f ms, p99 %.0f ms), blocks %d, collisions %d, writes per claim %.3f, 429s %d/%d, ADD with a spare p99 %.1f µs (bolt %.1f µs)",
 		r.Claims, r.ClaimP50ms, r.ClaimP99ms, r.Blocks, r.Collisions, r.WritesPerClaim, r.Rejected429, r.Responses429,

@@ -61,6 +61,9 @@ type nodeOptions struct {
 	leases       bool
 	rec          *recorder
 	lat          *latencies
+	// dispatch, if set, hands each Store only the block events of its
+	// node (dispatch_test.go); nil: every Store's handlers see every event.
+	dispatch *dispatcher
 	// level is the UID of skeind's priority level (skeind-flowcontrol.yaml),
 	// "" when it is not applied.
 	level string
@@ -89,7 +92,11 @@ func startNode(ctx context.Context, o nodeOptions, name, token, dbPath string) (
 	if !o.leases {
 		leaseDuration = -1
 	}
-	st, err := kubestore.New(ctx, kubestore.Options{Config: cfg, Node: name, Local: local, Cache: o.shared,
+	var shared cache.Cache = o.shared
+	if o.dispatch != nil {
+		shared = &nodeCache{Cache: o.shared, node: name, d: o.dispatch}
+	}
+	st, err := kubestore.New(ctx, kubestore.Options{Config: cfg, Node: name, Local: local, Cache: shared,
 		GrantTimeout: o.claimTimeout, LeaseDuration: leaseDuration})
 	if err != nil {
 		local.Close()

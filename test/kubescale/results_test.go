@@ -19,6 +19,10 @@ type Results struct {
 	// (as skeind's own does; off, a thousand nodes' copies do not take
 	// the API server's CPU).
 	CacheCopies bool
+	// Fanout: every block event ran every node's handlers in this process
+	// (as a thousand skeinds do, each on its own CPU); off, each node's
+	// handlers get the events of its own blocks (dispatch_test.go).
+	Fanout bool
 	// LoadAverage is the machine's one-minute load average when the nodes
 	// started, when the burst ended, and the highest in between (the
 	// machine is shared with other jobs).

@@ -34,6 +34,7 @@ type params struct {
 	webhook           bool
 	leases, watch     bool
 	cacheCopies       bool
+	fanout            bool
 	claimTimeout      time.Duration
 	steady            int
 	profile           time.Duration
@@ -65,7 +66,7 @@ func run(tb testing.TB, p params) *Results {
 
 	res := &Results{Date: time.Now().UTC().Format(time.RFC3339), Machine: kube.Machine(),
 		Nodes: p.nodes, Pods: p.pods, BlockSizeBits: p.bits, RatePerSecond: p.rate, ControllerQPS: p.controllerQPS,
-		FlowSchema: p.flowSchema, Webhook: p.webhook, Leases: p.leases, Watches: p.watch, CacheCopies: p.cacheCopies}
+		FlowSchema: p.flowSchema, Webhook: p.webhook, Leases: p.leases, Watches: p.watch, CacheCopies: p.cacheCopies, Fanout: p.fanout}
 
 	// skeind as deploy/kubernetes makes it: its namespace, RBAC, the
 	// policies that narrow its writes to its own node's objects, and its
@@ -128,6 +129,11 @@ func run(tb testing.TB, p params) *Results {
 	rec := &recorder{}
 	lat := &latencies{}
 	o := nodeOptions{env: env, shared: shared, claimTimeout: p.claimTimeout, leases: p.leases, rec: rec, level: level, lat: lat}
+	if !p.fanout {
+		if o.dispatch, err = newDispatcher(ctx, shared); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	nodes := startNodes(ctx, tb, o, names, tokens)
 	// Registered after every node's: the shared informer hands each event
 	// to its handlers in turn, so this one sees a block last.

@@ -52,6 +52,7 @@ var (
 	flagLeases  = flag.Bool("leases", true, "nodes renew their liveness Lease (every 10 s, as skeind)")
 	flagWatch   = flag.Bool("watch", false, "each node also keeps a watch of AddressBlocks and one of AddressPools open, as a real skeind does (the API server sends every event to every node)")
 	flagCopies  = flag.Bool("cache-copies", false, "the nodes' shared cache deep-copies what it hands out, as skeind's own does (costs this process, not the API server)")
+	flagFanout  = flag.Bool("fanout", false, "every block event runs every node's handlers in this process (off: each node's Store gets the events of its own blocks, the only ones its handler acts on)")
 	flagTimeout = flag.Duration("claim-timeout", 0, "bound of one claim (kubestore's GrantTimeout); 0 = skeind's default")
 	flagSteady  = flag.Int("steady", 16, "pod ADDs per node after the burst, with a spare block present, each paired with an ADD through the embedded store")
 	flagProfile = flag.Duration("apiserver-profile", 0, "take a CPU profile of kube-apiserver for this long from the start (into -out)")
@@ -65,7 +66,7 @@ func BenchmarkKubeScale(b *testing.B) {
 		b.Skip("one run is the measurement: use -benchtime 1x")
 	}
 	p := params{nodes: *flagNodes, pods: *flagPods, bits: *flagBits, rate: *flagRate, controllerQPS: *flagQPS,
-		flowSchema: *flagFlow, webhook: *flagWebhook, leases: *flagLeases, watch: *flagWatch, cacheCopies: *flagCopies, claimTimeout: *flagTimeout,
+		flowSchema: *flagFlow, webhook: *flagWebhook, leases: *flagLeases, watch: *flagWatch, cacheCopies: *flagCopies, fanout: *flagFanout, claimTimeout: *flagTimeout,
 		steady: *flagSteady, profile: *flagProfile, out: *flagOut}
 	r := run(b, p)
 	r.Command = command()
@@ -93,8 +94,8 @@ func BenchmarkKubeScale(b *testing.B) {
 }
 
 func command() string {
-	return fmt.Sprintf("go test -run '^$' -bench KubeScale -benchtime 1x ./test/kubescale/ -args -nodes %d -pods %d -controller-qps %d -block-bits %d -rate %g -flowschema=%t -webhook=%t -leases=%t -watch=%t -cache-copies=%t -steady %d",
-		*flagNodes, *flagPods, *flagQPS, *flagBits, *flagRate, *flagFlow, *flagWebhook, *flagLeases, *flagWatch, *flagCopies, *flagSteady)
+	return fmt.Sprintf("go test -run '^$' -bench KubeScale -benchtime 1x ./test/kubescale/ -args -nodes %d -pods %d -controller-qps %d -block-bits %d -rate %g -flowschema=%t -webhook=%t -leases=%t -watch=%t -cache-copies=%t -fanout=%t -steady %d",
+		*flagNodes, *flagPods, *flagQPS, *flagBits, *flagRate, *flagFlow, *flagWebhook, *flagLeases, *flagWatch, *flagCopies, *flagFanout, *flagSteady)
 }
 
 // ms is d in milliseconds, for results.
