@@ -64,8 +64,16 @@ bench: deps build
 	$(MAKE) bench-routing
 	$(MAKE) bench-egress
 
-# Kubernetes mode at scale: real apiserver+etcd, the skein-controller
-# binary, simulated nodes running kubestore+ipam; $(BENCH_OUT)/kube-scale.
+# Kubernetes mode at scale (test/kubescale): a real apiserver+etcd with
+# deploy/kubernetes's skeind RBAC, identity policies and priority level
+# (skeind-flowcontrol.yaml), the skein-controller binary (its AddressBlock
+# webhook on every claim), and simulated nodes running skeind's
+# kubestore+ipam as skeind's ServiceAccount, all starting and claiming at
+# once: claim latency, collisions (writes per claim), 429s, duplicate
+# addresses, RSS; $(BENCH_OUT)/kube-scale (docs/benchmarks/kube-scale.md).
+# The full size is KUBE_SCALE="-nodes 1000 -pods 100000"; flags such as
+# -leases=false, -webhook=false, -watch take parts out or in. `make test`
+# runs the same at 30 nodes with its figures asserted (TestClaimBurst).
 KUBE_SCALE ?= -nodes 100 -pods 10000
 bench-kube: deps build
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench KubeScale -benchtime 1x -timeout 60m ./test/kubescale/ \
