@@ -402,3 +402,35 @@ func TestClusterMaxBlocksPerNode(t *testing.T) {
 		t.Fatalf("node holds blocks %v, want 2 (its maxBlocksPerNode)", got)
 	}
 }
+
+// A lost block whose index this node claims again (it was deleted, not
+// given away) is usable again, its held addresses still held.
+func TestClusterLostBlockClaimedAgain(t *testing.T) {
+	m, c := clusterSetup(t, []string{"10.0.0.0/24"}, 2)
+	ctx := context.Background()
+	a := mustAllocate(t, m, Request{Pool: "p"})
+	bi, _, _ := m.pools["p"].geo.Locate(a[0])
+	c.mu.Lock()
+	c.lost[bi] = true
+	c.mu.Unlock()
+	m.kick("p")
+	if _, err := m.tend(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if !m.pools["p"].blocks[bi].lost {
+		t.Fatal("block not marked lost")
+	}
+	c.mu.Lock()
+	c.lost[bi] = false // the store says it is this node's again
+	c.mu.Unlock()
+	if err := m.claimFor(ctx, m.pools["p"], &needBlock{want: &bi}); err != nil {
+		t.Fatal(err)
+	}
+	if b := m.pools["p"].blocks[bi]; b.lost || b.held() != 1 {
+		t.Fatalf("block claimed again: lost %v, held %d; want usable with its address held", b.lost, b.held())
+	}
+	got := mustAllocate(t, m, Request{Pool: "p", Static: []netip.Addr{a[0].Next()}})
+	if got[0] != a[0].Next() {
+		t.Fatalf("static %v in the block claimed again: got %v", a[0].Next(), got)
+	}
+}

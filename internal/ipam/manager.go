@@ -277,6 +277,10 @@ func (m *Manager) newPoolState(ctx context.Context, def store.Pool) (*poolState,
 
 func (ps *poolState) addBlock(i uint32) *blockState {
 	if b := ps.blocks[i]; b != nil {
+		// Claimed again by this node after it was lost (deleted behind
+		// its back, then free): its pods' addresses are in a block of
+		// its own once more.
+		b.lost = false
 		return b
 	}
 	v4, v6 := ps.geo.Families()
