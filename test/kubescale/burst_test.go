@@ -126,3 +126,17 @@ func TestCheckOwned(t *testing.T) {
 		t.Errorf("a node using another's block: %v, want one problem", p)
 	}
 }
+
+// TestResourceVersion: the simulated watches resume from the object's
+// resourceVersion of the last event.
+func TestResourceVersion(t *testing.T) {
+	for line, want := range map[string]string{
+		`{"type":"ADDED","object":{"apiVersion":"skein.dev/v1alpha1","kind":"AddressBlock","metadata":{"name":"default-3","resourceVersion":"1234","labels":{}}}}`: "1234",
+		`{"type":"BOOKMARK","object":{"kind":"AddressBlock","apiVersion":"skein.dev/v1alpha1","metadata":{"resourceVersion":"99"}}}`:                               "99",
+		`{"type":"ERROR","object":{"kind":"Status","code":410}}`:                                                                                                   "",
+	} {
+		if got, _ := resourceVersion([]byte(line)); got != want {
+			t.Errorf("resourceVersion(%s) = %q, want %q", line, got, want)
+		}
+	}
+}

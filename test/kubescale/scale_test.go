@@ -22,8 +22,12 @@
 //
 // The simulated nodes share one informer cache (kubestore.Options.Cache):
 // a thousand caches decoding every block event would measure this
-// process on two cores rather than the API server. The API server still
-// serves a watch of blocks and one of pools to every node (-watch).
+// process on two cores rather than the API server. For the same reason
+// the shared cache hands out objects without copying them (-cache-copies
+// to copy) and each node's Store gets the events of its own blocks
+// (dispatch_test.go; -fanout for every handler on every event). With
+// -watch the API server also serves a watch of blocks and one of pools to
+// every node, as to real skeinds.
 //
 // TestClaimBurst runs the same at a small size in `make test` and fails on
 // a duplicate address, a failed claim, a 429 or a collision rate above a
