@@ -145,6 +145,17 @@ vet:
 # A pool, two CNI pods, a Docker container and a qemu VM reaching each
 # other; the host is checked unchanged at the end. Root. If installing
 # fails (offline, apt busy), the demo still runs and says what it skipped.
+# A local Kubernetes cluster with skein installed (test/kubelet): two
+# nodes, each its own network namespace with a real containerd, kubelet and
+# kube-proxy, a control plane beside them; `make cluster-down` removes it.
+# Root. Prints how to use kubectl against it.
+.PHONY: cluster cluster-down
+cluster: deps build
+	BIN=$(abspath $(BIN)) ./scripts/cluster.sh up
+
+cluster-down:
+	./scripts/cluster.sh down
+
 demo: build
 	./scripts/install-deps.sh demo || echo "make demo: could not install every dependency (above); the demo skips what is missing and says why"
 	$(GO) run ./test/demo -bin $(BIN)

@@ -181,10 +181,23 @@ func checkStatic(dir, bin string) error {
 	return nil
 }
 
-// writeLayer writes the layer's tar: the directories down to Dir, then
-// each binary, root-owned, mode 0755, dated mtime.
+// writeLayer writes the layer's tar: /var/run as a link to /run, the
+// directories down to Dir, then each binary, root-owned, mode 0755, dated
+// mtime. Runtimes name pods' network namespaces by /var/run/netns/…
+// (containerd, CRI-O) or /run/netns/… (podman) paths, and the DaemonSet
+// mounts the host's directory once, at /run/netns: with the link both
+// resolve, as on the host, where /var/run is the same link.
 func writeLayer(w io.Writer, binDir string, bins []string, mtime time.Time) error {
 	tw := tar.NewWriter(w)
+	for _, h := range []*tar.Header{
+		{Typeflag: tar.TypeDir, Name: "run/", Mode: 0o755, ModTime: mtime, Format: tar.FormatPAX},
+		{Typeflag: tar.TypeDir, Name: "var/", Mode: 0o755, ModTime: mtime, Format: tar.FormatPAX},
+		{Typeflag: tar.TypeSymlink, Name: "var/run", Linkname: "../run", Mode: 0o777, ModTime: mtime, Format: tar.FormatPAX},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+	}
 	dir := ""
 	for _, part := range strings.Split(strings.Trim(Dir, "/"), "/") {
 		dir = path.Join(dir, part)

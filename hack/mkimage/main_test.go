@@ -121,8 +121,11 @@ func TestBuild(t *testing.T) {
 			t.Errorf("%s in the image differs from %s", b, filepath.Join(dir, b))
 		}
 	}
-	if len(files) != len(Binaries)+3 { // + usr/, usr/local/, usr/local/bin/
-		t.Errorf("the image holds %v, want the binaries and their directories only", keys(files))
+	if h, ok := files["var/run"]; !ok || h.Typeflag != tar.TypeSymlink || h.Linkname != "../run" {
+		t.Errorf("the image has no /var/run link to /run (a runtime's /var/run/netns path would not resolve): %v", keys(files))
+	}
+	if len(files) != len(Binaries)+6 { // + usr/, usr/local/, usr/local/bin/, run/, var/, var/run
+		t.Errorf("the image holds %v, want the binaries, their directories and /var/run only", keys(files))
 	}
 
 	// The same binaries make the same image.

@@ -7,16 +7,19 @@
 # (test/kube reads the same variable and default). kube-controller-manager
 # (only its garbage collector is run, by the tests that delete an owner) is
 # a separate step with its own check, so a cache made before it was added
-# gains it without the other three being rebuilt. When all four binaries
-# are there this costs nothing; a cold build takes minutes and ~2 GB of RAM
-# at link time. The demo needs none of it.
+# gains it without the other three being rebuilt. The node binaries —
+# kubelet, kube-proxy and kube-scheduler, for test/kubelet's real nodes and
+# `make cluster` — are a third step of their own for the same reason. When
+# every binary is there this costs nothing; a cold build takes minutes and
+# ~2 GB of RAM at link time. The demo needs none of it.
 
 post() {
   [ "${profile:-all}" = all ] || return 0
   local k8s=v1.35.4 etcd=v3.6.5
   local dir="${SKEIN_KUBE_ASSETS:-$HOME/.cache/skein/k8s-$k8s-etcd-$etcd}"
   local core=(kube-apiserver etcd kubectl) kcm=kube-controller-manager
-  _k8s_have "$dir" "${core[@]}" "$kcm" && return 0
+  local node=(kubelet kube-proxy kube-scheduler)
+  _k8s_have "$dir" "${core[@]}" "$kcm" "${node[@]}" && return 0
   local go="${GO:-go}"
   command -v "$go" >/dev/null || go=/usr/local/go/bin/go
   mkdir -p "$dir"
@@ -39,6 +42,12 @@ post() {
       echo "install-deps: k8s: building $kcm $k8s into $dir (minutes, once)"
       _k8s_build "$go" "$k8s" "$etcd" "$tmp/kcm" "k8s.io/kubernetes/cmd/$kcm" || exit 1
       mv "$tmp/kcm/out/$kcm" "$dir/"
+    fi
+    if ! _k8s_have "$dir" "${node[@]}"; then
+      echo "install-deps: k8s: building ${node[*]} $k8s into $dir (minutes, once)"
+      _k8s_build "$go" "$k8s" "$etcd" "$tmp/node" k8s.io/kubernetes/cmd/kubelet \
+        k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler || exit 1
+      mv "$tmp/node/out/kubelet" "$tmp/node/out/kube-proxy" "$tmp/node/out/kube-scheduler" "$dir/"
     fi
     echo "install-deps: k8s: done: $(ls "$dir" | tr '\n' ' ')"
   ) 9>"$dir/.lock"

@@ -44,13 +44,19 @@ func Snapshot(t testing.TB, ns *NS) State {
 	settle(t, ns, h)
 	st, err := readState(h)
 	// A dump that raced a change (the kernel flags it, the library
-	// returns ErrDumpInterrupted) is read again once the namespace had
-	// time to settle: backing off up to 10 s in all, since in a slow
-	// emulated guest IPv6 keeps changing addresses for seconds after a
-	// link comes up (five tries 10 ms apart failed there).
-	for wait, deadline := 10*time.Millisecond, time.Now().Add(10*time.Second); errors.Is(err, netlink.ErrDumpInterrupted) && time.Now().Before(deadline); wait = min(2*wait, 500*time.Millisecond) {
-		time.Sleep(wait)
-		st, err = readState(h)
+	// returns ErrDumpInterrupted) is read again until the namespace has
+	// settled: a dump not flagged, or two flagged dumps 50 ms apart that
+	// read the same state (in a slow emulated guest IPv6 keeps changing
+	// addresses for seconds after a link comes up, and a loaded one was
+	// seen flagging dumps for more than 10 s).
+	for deadline := time.Now().Add(30 * time.Second); errors.Is(err, netlink.ErrDumpInterrupted) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		var again State
+		again, err = readState(h)
+		if errors.Is(err, netlink.ErrDumpInterrupted) && slices.Equal(again.all(), st.all()) {
+			err = nil
+		}
+		st = again
 	}
 	if err != nil {
 		t.Fatalf("snapshot %s: %v", ns.name, err)
@@ -61,8 +67,11 @@ func Snapshot(t testing.TB, ns *NS) State {
 // readState describes what h's namespace holds now, as Snapshot does.
 func readState(h *netlink.Handle) (State, error) {
 	var st State
+	var interrupted error
 	links, err := h.LinkList()
-	if err != nil {
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		interrupted = fmt.Errorf("links: %w", err)
+	} else if err != nil {
 		return st, fmt.Errorf("links: %w", err)
 	}
 	names := map[int]string{}
@@ -72,15 +81,26 @@ func readState(h *netlink.Handle) (State, error) {
 		st.Links = append(st.Links, fmt.Sprintf("%s type=%s mtu=%d up=%t alias=%q",
 			a.Name, l.Type(), a.MTU, a.Flags&net.FlagUp != 0, a.Alias))
 	}
-	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return st, fmt.Errorf("addrs: %w", err)
+	// One family per dump: a dump of both walks two tables, each with
+	// its own change counter, and the kernel may flag it as interrupted
+	// for that alone.
+	var addrs []netlink.Addr
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		a, err := h.AddrList(nil, fam)
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			interrupted = fmt.Errorf("addrs: %w", err)
+		} else if err != nil {
+			return st, fmt.Errorf("addrs: %w", err)
+		}
+		addrs = append(addrs, a...)
 	}
 	for _, a := range addrs {
 		st.Addrs = append(st.Addrs, fmt.Sprintf("%s dev %s", a.IPNet, names[a.LinkIndex]))
 	}
 	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		interrupted = fmt.Errorf("routes: %w", err)
+	} else if err != nil {
 		return st, fmt.Errorf("routes: %w", err)
 	}
 	for _, r := range routes {
@@ -92,7 +112,9 @@ func readState(h *netlink.Handle) (State, error) {
 			r.Table, r.Type, dst, r.Gw, names[r.LinkIndex], r.Protocol, r.Scope))
 	}
 	rules, err := h.RuleList(netlink.FAMILY_ALL)
-	if err != nil {
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		interrupted = fmt.Errorf("rules: %w", err)
+	} else if err != nil {
 		return st, fmt.Errorf("rules: %w", err)
 	}
 	for _, r := range rules {
@@ -102,7 +124,12 @@ func readState(h *netlink.Handle) (State, error) {
 	for _, s := range [][]string{st.Links, st.Addrs, st.Routes, st.Rules} {
 		slices.Sort(s)
 	}
-	return st, nil
+	return st, interrupted
+}
+
+// all is every line of the state, for comparing two reads.
+func (st State) all() []string {
+	return slices.Concat(st.Links, []string{"--"}, st.Addrs, []string{"--"}, st.Routes, []string{"--"}, st.Rules)
 }
 
 // AssertSame reports (t.Errorf) every link, address, route or rule present in

@@ -35,7 +35,7 @@ const gcReadyLine = "Proceeding to collect garbage"
 func (e *Env) StartGarbageCollector(t testing.TB) {
 	t.Helper()
 	start := time.Now()
-	p := e.startControllerManager(t, []string{"garbage-collector-controller"})
+	p := e.startControllerManager(t, []string{"garbage-collector-controller"}, nil)
 	if err := waitLogLine(p, gcTimeout, gcReadyLine); err != nil {
 		t.Fatalf("start the garbage collector: %v", err)
 	}
@@ -56,11 +56,20 @@ func (e *Env) StartControllerManager(t testing.TB, controllers ...string) {
 	if len(controllers) == 0 {
 		t.Fatal("kube: StartControllerManager without controllers")
 	}
-	e.startControllerManager(t, controllers)
+	e.startControllerManager(t, controllers, nil)
 	t.Logf("%s %s running %s", ControllerManagerBinary, KubernetesVersion, strings.Join(controllers, ","))
 }
 
-func (e *Env) startControllerManager(t testing.TB, controllers []string) *proc {
+// StartControllerManagerArgs is StartControllerManager with more flags
+// (e.g. --service-account-private-key-file for the token controller; a
+// flag here comes after, so it wins over, the defaults).
+func (e *Env) StartControllerManagerArgs(t testing.TB, controllers, args []string) {
+	t.Helper()
+	e.startControllerManager(t, controllers, args)
+	t.Logf("%s %s running %s", ControllerManagerBinary, KubernetesVersion, strings.Join(controllers, ","))
+}
+
+func (e *Env) startControllerManager(t testing.TB, controllers, extra []string) *proc {
 	t.Helper()
 	bin := filepath.Join(AssetsDir(), ControllerManagerBinary)
 	if _, err := os.Stat(bin); err != nil {
@@ -84,8 +93,9 @@ func (e *Env) startControllerManager(t testing.TB, controllers []string) *proc {
 		"--secure-port=0",
 		"--profiling=false",
 	}
+	args = append(args, extra...)
 	logPath := filepath.Join(e.Dir, ControllerManagerBinary+".log")
-	p, err := startProc(ControllerManagerBinary, bin, args, logPath)
+	p, err := e.startProc(ControllerManagerBinary, bin, args, logPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ type credentials struct {
 // writeCredentials makes a CA, the API server's serving certificate, a
 // service account signing key and a token file (AdminUser in
 // system:masters, then users) in dir. Keys are ECDSA P-256: quick to make.
-func writeCredentials(dir string, users []User) (*credentials, error) {
+func writeCredentials(dir string, users []User, ips []net.IP) (*credentials, error) {
 	c := &credentials{
 		caFile:      filepath.Join(dir, "ca.crt"),
 		servingCert: filepath.Join(dir, "apiserver.crt"),
@@ -75,7 +75,7 @@ func writeCredentials(dir string, users []User) (*credentials, error) {
 		NotAfter:     now.Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		IPAddresses:  append([]net.IP{net.IPv4(127, 0, 0, 1)}, ips...),
 		DNSNames:     []string{"localhost"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)

@@ -18,6 +18,7 @@ package kube
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,11 +66,25 @@ type Options struct {
 	// CRDDir holds the CRD manifests to install (*.yaml); "" is this
 	// module's deploy/kubernetes/crd.
 	CRDDir string
+	// NoCRDs installs none (the test applies deploy/kubernetes itself,
+	// as an operator does).
+	NoCRDs bool
 	// Users get a bearer token each, besides the admin (UserConfig).
 	Users []User
 	// APIServerArgs are extra kube-apiserver flags ("--name=value"); a
 	// flag given here replaces Start's own of the same name.
 	APIServerArgs []string
+	// NetNS, when set, is the path of a network namespace etcd,
+	// kube-apiserver and kube-controller-manager run in (test/kubelet's
+	// control-plane namespace, where real nodes reach them); this
+	// process reaches them there through Config's dialer. Address is the
+	// API server's address in it (bind and advertise), 127.0.0.1 if
+	// empty.
+	NetNS   string
+	Address string
+	// ServingIPs are more addresses the API server's certificate names
+	// (e.g. the first address of the Service range, which pods use).
+	ServingIPs []net.IP
 }
 
 // User is an identity the API server accepts by token.
@@ -97,6 +112,9 @@ type Env struct {
 	apiserver         *proc
 	controllerManager *proc // StartGarbageCollector's, or nil
 	stopOnce          sync.Once
+	// netns is Options.NetNS: the namespace the processes run in and
+	// this process dials into ("" for its own).
+	netns string
 }
 
 // Start runs etcd and kube-apiserver, waits until the API server is ready
@@ -126,7 +144,7 @@ func Start(t testing.TB, opts Options) *Env {
 	if err := os.WriteFile(filepath.Join(tmp, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{Dir: tmp}
+	e := &Env{Dir: tmp, netns: opts.NetNS}
 	t.Cleanup(func() {
 		if t.Failed() {
 			e.logTails(t)
@@ -137,7 +155,10 @@ func Start(t testing.TB, opts Options) *Env {
 	if err := e.start(dir, opts); err != nil {
 		t.Fatalf("start kube-apiserver and etcd: %v", err)
 	}
-	if err := InstallCRDs(e.Config, crdDir); err != nil {
+	if opts.NoCRDs {
+		crdDir = ""
+	}
+	if err := installCRDs(e.Config, crdDir); err != nil {
 		t.Fatalf("install CRDs: %v", err)
 	}
 	t.Logf("kube-apiserver %s on %s, etcd %s on %s, ready in %v", KubernetesVersion, e.URL, EtcdVersion, e.EtcdURL,
@@ -196,7 +217,8 @@ func (e *Env) Kubectl(args ...string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(AssetsDir(), "kubectl"), append([]string{"--kubeconfig", kc}, args...)...)
+	bin, argv := e.command(filepath.Join(AssetsDir(), "kubectl"), append([]string{"--kubeconfig", kc}, args...))
+	cmd := exec.Command(bin, argv...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
@@ -254,4 +276,12 @@ func moduleRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// installCRDs is InstallCRDs, doing nothing for dir "".
+func installCRDs(c *rest.Config, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	return InstallCRDs(c, dir)
 }

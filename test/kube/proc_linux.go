@@ -2,15 +2,19 @@ package kube
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 // proc is one control-plane process, its output in a log file.
@@ -108,3 +112,79 @@ func freePort() (string, error) {
 	defer l.Close()
 	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
 }
+
+// startProc is the package's startProc inside the Env's network
+// namespace, if it has one.
+func (e *Env) startProc(name, bin string, args []string, logPath string) (*proc, error) {
+	bin, args = e.command(bin, args)
+	return startProc(name, bin, args, logPath)
+}
+
+// command returns the program and arguments that run bin with args in
+// the Env's network namespace: nsenter, which enters it and execs bin
+// (no fork: the process is bin, Pdeathsig and signals included).
+func (e *Env) command(bin string, args []string) (string, []string) {
+	if e.netns == "" {
+		return bin, args
+	}
+	return "nsenter", append([]string{"--net=" + e.netns, "--", bin}, args...)
+}
+
+// DialContext dials addr from the Env's network namespace (from this
+// process's own when it has none): the socket is made there, so the
+// connection stays in it whatever thread uses it afterwards.
+func (e *Env) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if e.netns == "" {
+		return d.DialContext(ctx, network, addr)
+	}
+	target, err := ns.GetNS(e.netns)
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	var conn net.Conn
+	err = target.Do(func(ns.NetNS) error {
+		var err error
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
+}
+
+// Process is a long-running program a test started (a kubelet, a
+// containerd), its output in a log file, killed when the test binary
+// dies (startProc's Pdeathsig).
+type Process struct{ p *proc }
+
+// StartProcess starts bin with args, stdout and stderr appended to
+// logPath.
+func StartProcess(name, bin string, args []string, logPath string) (*Process, error) {
+	p, err := startProc(name, bin, args, logPath)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{p}, nil
+}
+
+// Pid is the process's ID.
+func (p *Process) Pid() int { return p.p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool { return p.p.exited() }
+
+// Done is closed once the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.p.done }
+
+// Stop sends SIGTERM, then SIGKILL after grace, and waits for the end.
+func (p *Process) Stop(grace time.Duration) { p.p.stop(grace) }
+
+// Tail returns the last n lines of the log.
+func (p *Process) Tail(n int) string { return p.p.tail(n) }
+
+// Log is the log file's path.
+func (p *Process) Log() string { return p.p.log }
+
+// SAKeyFile is the service account signing key (kube-controller-manager's
+// --service-account-private-key-file, for the token controller).
+func (e *Env) SAKeyFile() string { return filepath.Join(e.Dir, "certs", "sa.key") }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,7 +36,11 @@ func (e *Env) start(assets string, opts Options) error {
 			return err
 		}
 	}
-	c, err := writeCredentials(filepath.Join(e.Dir, "certs"), opts.Users)
+	ips := opts.ServingIPs
+	if a := net.ParseIP(opts.Address); a != nil {
+		ips = append(ips, a)
+	}
+	c, err := writeCredentials(filepath.Join(e.Dir, "certs"), opts.Users, ips)
 	if err != nil {
 		return err
 	}
@@ -43,7 +48,11 @@ func (e *Env) start(assets string, opts Options) error {
 	if err := e.startEtcd(filepath.Join(assets, "etcd")); err != nil {
 		return err
 	}
-	if err := e.startAPIServer(filepath.Join(assets, "kube-apiserver"), c, opts.APIServerArgs); err != nil {
+	addr := opts.Address
+	if addr == "" {
+		addr = "127.0.0.1"
+	}
+	if err := e.startAPIServer(filepath.Join(assets, "kube-apiserver"), c, addr, opts.APIServerArgs); err != nil {
 		return err
 	}
 	return nil
@@ -70,12 +79,12 @@ func (e *Env) startEtcd(bin string) error {
 			"--unsafe-no-fsync",
 			"--log-level=warn",
 		}
-		p, err := startProc("etcd", bin, args, filepath.Join(e.Dir, "etcd.log"))
+		p, err := e.startProc("etcd", bin, args, filepath.Join(e.Dir, "etcd.log"))
 		if err != nil {
 			return err
 		}
 		e.etcd = p
-		err = waitReady(p, etcdTimeout, http.DefaultClient, e.EtcdURL+"/health", "")
+		err = waitReady(p, etcdTimeout, &http.Client{Transport: &http.Transport{DialContext: e.DialContext}}, e.EtcdURL+"/health", "")
 		if err != nil && p.portConflict() && try < attempts {
 			os.RemoveAll(filepath.Join(e.Dir, "etcd"))
 			continue
@@ -84,20 +93,20 @@ func (e *Env) startEtcd(bin string) error {
 	}
 }
 
-func (e *Env) startAPIServer(bin string, c *credentials, extra []string) error {
+func (e *Env) startAPIServer(bin string, c *credentials, addr string, extra []string) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.caPEM)
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 5 * time.Second}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: e.DialContext}, Timeout: 5 * time.Second}
 	for try := 1; ; try++ {
 		port, err := freePort()
 		if err != nil {
 			return err
 		}
-		e.URL = "https://127.0.0.1:" + port
+		e.URL = "https://" + net.JoinHostPort(addr, port)
 		flags := map[string]string{
 			"etcd-servers":                     e.EtcdURL,
-			"bind-address":                     "127.0.0.1",
-			"advertise-address":                "127.0.0.1",
+			"bind-address":                     addr,
+			"advertise-address":                addr,
 			"secure-port":                      port,
 			"cert-dir":                         filepath.Join(e.Dir, "certs"),
 			"tls-cert-file":                    c.servingCert,
@@ -124,7 +133,7 @@ func (e *Env) startAPIServer(bin string, c *credentials, extra []string) error {
 			args = append(args, "--"+k+"="+flags[k])
 		}
 		args = append(args, extra...)
-		p, err := startProc("kube-apiserver", bin, args, filepath.Join(e.Dir, "kube-apiserver.log"))
+		p, err := e.startProc("kube-apiserver", bin, args, filepath.Join(e.Dir, "kube-apiserver.log"))
 		if err != nil {
 			return err
 		}
@@ -143,6 +152,9 @@ func (e *Env) startAPIServer(bin string, c *credentials, extra []string) error {
 			// The defaults (5 and 10) would throttle the tests' bursts.
 			QPS:   200,
 			Burst: 400,
+		}
+		if e.netns != "" {
+			e.Config.Dial = e.DialContext
 		}
 		return nil
 	}
