@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/kurma/image"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
@@ -218,7 +219,7 @@ func ParseSelection(s string) (Selection, error) {
 		return Selection{}, fmt.Errorf("%w: network %q: not a valid network name", ErrBadRequest, s)
 	}
 	if has {
-		if err := ValidIfName(ifname); err != nil {
+		if err := cni.ValidateIfName(ifname); err != nil {
 			return Selection{}, fmt.Errorf("%w: network %q: %w", ErrBadRequest, s, err)
 		}
 	}
@@ -265,6 +266,11 @@ func checkPod(id, nsPath string) error {
 	}
 	if !filepath.IsAbs(nsPath) || filepath.Clean(nsPath) != nsPath {
 		return fmt.Errorf("%w: netns %q: want an absolute, clean path", ErrBadRequest, nsPath)
+	}
+	if filepath.Dir(nsPath) == "/" {
+		// Plugins see the pin's directory bound at its own path; / would
+		// cover the image.
+		return fmt.Errorf("%w: netns %q: pinned in /; pin the namespace in a directory (e.g. /run/netns)", ErrBadRequest, nsPath)
 	}
 	if nsPath == "/proc" || strings.HasPrefix(nsPath, "/proc/") {
 		return fmt.Errorf("%w: netns %q: a /proc path cannot be used by plugins (they have their own /proc); pin the namespace (ip netns add, a bind mount) and pass the pin", ErrBadRequest, nsPath)
@@ -407,7 +413,7 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 		attached[n.Name] = true
 		ifname := s.IfName
 		if ifname != "" {
-			if err := ValidIfName(ifname); err != nil {
+			if err := cni.ValidateIfName(ifname); err != nil {
 				return nil, fmt.Errorf("%w: network %q: %w", ErrBadRequest, n.Name, err)
 			}
 			if taken[ifname] {

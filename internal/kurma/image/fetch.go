@@ -70,39 +70,70 @@ func (c *Cache) resolveFile(ref Ref) (resolved, error) {
 			return applyImage(ctx, img, a)
 		}}, nil
 	}
-	if ref.Pinned() {
-		// The digest is known: hash while unpacking only if not cached.
-		return resolved{digest: ref.Digest, unpack: func(ctx context.Context, tmp string, a *applier) (meta, error) {
-			d, err := fileDigest(ref.Path)
-			if err != nil {
-				return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
-			}
-			if d != ref.Digest {
-				return meta{}, fmt.Errorf("image %q: file has %s, want %s: %w", ref.Original, d, ref.Digest, ErrDigestMismatch)
-			}
-			return c.unpackArchive(ctx, ref.Path, tmp, a)
-		}}, nil
-	}
-	d, err := fileDigest(ref.Path)
-	if err != nil {
-		return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+	// The archive is hashed again as it is copied into the unpack's own
+	// directory, and unpacked from that copy: what is unpacked is what was
+	// hashed, whatever happens to the file meanwhile. A pinned digest
+	// needs no hashing before that; an unpinned one is the cache key, so
+	// it is taken first and the copy must match it.
+	d := ref.Digest
+	if !ref.Pinned() {
+		if d, err = fileDigest(ref.Path, c.o.MaxDownload); err != nil {
+			return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+		}
 	}
 	return resolved{digest: d, unpack: func(ctx context.Context, tmp string, a *applier) (meta, error) {
-		return c.unpackArchive(ctx, ref.Path, tmp, a)
+		f, err := os.Open(ref.Path)
+		if err != nil {
+			return meta{}, err
+		}
+		defer f.Close()
+		payload := filepath.Join(tmp, "payload")
+		if err := c.copyIn(f, payload, d); err != nil {
+			return meta{}, err
+		}
+		defer os.Remove(payload)
+		return c.unpackArchive(ctx, payload, tmp, a)
 	}}, nil
 }
 
-func fileDigest(path string) (v1.Hash, error) {
+// fileDigest hashes a file of at most max bytes.
+func fileDigest(path string, max int64) (v1.Hash, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return v1.Hash{}, err
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	n, err := io.Copy(h, io.LimitReader(f, max+1))
+	if err != nil {
 		return v1.Hash{}, fmt.Errorf("hash %s: %w", path, err)
 	}
+	if n > max {
+		return v1.Hash{}, fmt.Errorf("hash %s: passes %d bytes: %w", path, max, ErrLimit)
+	}
 	return v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// copyIn copies at most MaxDownload bytes of src to a new file dst,
+// hashing them, and checks the hash against want.
+func (c *Cache) copyIn(src io.Reader, dst string, want v1.Hash) error {
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(src, c.o.MaxDownload+1))
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if n > c.o.MaxDownload {
+		return fmt.Errorf("passes %d bytes: %w", c.o.MaxDownload, ErrLimit)
+	}
+	if got := (v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}); got != want {
+		return fmt.Errorf("content has %s, want %s: %w", got, want, ErrDigestMismatch)
+	}
+	return f.Close()
 }
 
 // unpackArchive detects an archive's format and unpacks it.
@@ -208,24 +239,10 @@ func (c *Cache) download(ctx context.Context, ref Ref, dst string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("image %q: http status %s", ref.Original, resp.Status)
 	}
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(resp.Body, c.o.MaxDownload+1))
-	if err != nil {
+	if err := c.copyIn(resp.Body, dst, ref.Digest); err != nil {
 		return fmt.Errorf("image %q: download: %w", ref.Original, err)
 	}
-	if n > c.o.MaxDownload {
-		return fmt.Errorf("image %q: download passes %d bytes: %w", ref.Original, c.o.MaxDownload, ErrLimit)
-	}
-	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
-	if got != ref.Digest {
-		return fmt.Errorf("image %q: downloaded %s, want %s: %w", ref.Original, got, ref.Digest, ErrDigestMismatch)
-	}
-	return f.Close()
+	return nil
 }
 
 func (c *Cache) remoteOptions(ctx context.Context, ref Ref) []remote.Option {
