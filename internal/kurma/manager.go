@@ -105,6 +105,10 @@ type Manager struct {
 	mu     sync.Mutex
 	nets   []Network
 	active map[string]*netState // by network name: running main exec etc.
+	// starting holds, by network name, the first use under way (ensure);
+	// closed when it is done.
+	starting map[string]chan struct{}
+	closed   bool // Close ran: nothing is made active any more
 }
 
 // netState is a configured image network in use: its image held and its
@@ -133,6 +137,7 @@ func NewManager(o Options) (*Manager, error) {
 	m := &Manager{
 		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
 		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, checkNS: o.CheckNetNS, active: map[string]*netState{},
+		starting: map[string]chan struct{}{},
 	}
 	return m, nil
 }
@@ -185,10 +190,12 @@ func (m *Manager) Networks() []Network {
 // Close stops every main exec and releases the images held. Records stay.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	for name, s := range m.active {
+	m.closed = true
+	active := m.active
+	m.active = map[string]*netState{}
+	m.mu.Unlock()
+	for name, s := range active {
 		s.close(m.log, name)
-		delete(m.active, name)
 	}
 	if m.sbOwned {
 		m.sb.Close()
@@ -437,74 +444,123 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 // starting its main exec on first use, and a reference of the caller's own
 // to its image (release it when done): the state's may be dropped at any
 // moment by a reload, and the image pruned with it.
+//
+// One network's first use starts one main exec, however many attaches ask
+// at once: the first starts it (m.starting), the others wait for it. A
+// network planned from a config a reload has since replaced gets its image
+// for this call and no main exec; the configured network's main exec is
+// never touched from here (SetNetworks owns stopping it).
 func (m *Manager) ensure(ctx context.Context, n Network) (*netState, func(), error) {
 	if m.images == nil {
 		return nil, nil, fmt.Errorf("network %q: no image cache configured", n.Name)
 	}
-	sb, _, err := m.sandbox()
-	if err != nil {
+	if _, _, err := m.sandbox(); err != nil {
 		return nil, nil, fmt.Errorf("network %q: %w", n.Name, err)
 	}
-	// hold takes the caller's reference while s still holds its own (under
-	// m.mu for a state in m.active: a reload drops it from there first).
-	hold := func(s *netState) (*netState, func(), error) {
-		_, release, err := m.images.Lookup(s.img.Digest)
-		if err != nil {
-			return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+	for {
+		m.mu.Lock()
+		if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
+			// Under m.mu: a reload drops the state from m.active before
+			// releasing its image.
+			defer m.mu.Unlock()
+			return m.hold(n.Name, s)
 		}
-		return s, release, nil
-	}
-	m.mu.Lock()
-	if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
-		defer m.mu.Unlock()
-		return hold(s)
-	}
-	m.mu.Unlock()
+		if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) || m.closed {
+			m.mu.Unlock()
+			return m.ensureStale(ctx, n)
+		}
+		if st := m.starting[n.Name]; st != nil {
+			m.mu.Unlock()
+			select {
+			case <-st:
+				continue // started (or failed: then try ourselves)
+			case <-ctx.Done():
+				return nil, nil, fmt.Errorf("network %q: %w", n.Name, ctx.Err())
+			}
+		}
+		st := make(chan struct{})
+		m.starting[n.Name] = st
+		m.mu.Unlock()
 
-	// Fetching may take long: not under m.mu.
+		// Fetching and starting take long: not under m.mu.
+		s, err := m.start(ctx, n)
+
+		m.mu.Lock()
+		delete(m.starting, n.Name)
+		close(st)
+		if err != nil {
+			m.mu.Unlock()
+			return nil, nil, err
+		}
+		cfg, ok := Find(m.nets, n.Name)
+		if ok && string(cfg.Raw) == string(n.Raw) && m.active[n.Name] == nil && !m.closed {
+			m.active[n.Name] = s
+			defer m.mu.Unlock()
+			return m.hold(n.Name, s)
+		}
+		m.mu.Unlock()
+		// A reload (or Close) came while it started: this call keeps the
+		// image, the main exec stops.
+		held, release, err := m.hold(n.Name, s)
+		s.close(m.log, n.Name)
+		return held, release, err
+	}
+}
+
+// ensureStale serves a network planned from a config that is no longer
+// the current one: its image only, for this call.
+func (m *Manager) ensureStale(ctx context.Context, n Network) (*netState, func(), error) {
 	img, release, err := m.images.Acquire(ctx, n.Ref)
 	if err != nil {
 		return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
 	}
+	return &netState{raw: n.Raw, img: img, release: release}, release, nil
+}
+
+// hold takes the caller's own reference to s's image while s still holds
+// its own.
+func (m *Manager) hold(name string, s *netState) (*netState, func(), error) {
+	_, release, err := m.images.Lookup(s.img.Digest)
+	if err != nil {
+		return nil, nil, fmt.Errorf("network %q: image: %w", name, err)
+	}
+	return s, release, nil
+}
+
+// start acquires a network's image and starts its main exec, if it has
+// one.
+func (m *Manager) start(ctx context.Context, n Network) (*netState, error) {
+	sb, _, err := m.sandbox()
+	if err != nil {
+		return nil, fmt.Errorf("network %q: %w", n.Name, err)
+	}
+	img, release, err := m.images.Acquire(ctx, n.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+	}
 	s := &netState{raw: n.Raw, img: img, release: release}
-	if len(img.MainExec) > 0 {
-		dir, err := m.stateDir(n.Name)
-		if err == nil && !filepath.IsAbs(img.MainExec[0]) {
-			err = fmt.Errorf("main exec %q: want an absolute path", img.MainExec[0])
-		}
-		if err == nil {
-			s.sv, err = sb.Supervise(sandbox.SupervisorOptions{
-				Network: n.Name,
-				Spec: sandbox.Spec{
-					Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
-					Stdin: n.Raw, Env: img.Env, StateDir: dir,
-				},
-				Logger: m.log,
-			})
-		}
-		if err != nil {
-			release()
-			return nil, nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
-		}
+	if len(img.MainExec) == 0 {
+		return s, nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur := m.active[n.Name]; cur != nil {
-		if string(cur.raw) == string(n.Raw) {
-			s.close(m.log, n.Name) // lost a race to another pod's attach
-			return hold(cur)
-		}
-		cur.close(m.log, n.Name)
+	dir, err := m.stateDir(n.Name)
+	if err == nil && !filepath.IsAbs(img.MainExec[0]) {
+		err = fmt.Errorf("main exec %q: want an absolute path", img.MainExec[0])
 	}
-	// Only keep it while the network is still configured as it was.
-	if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) {
-		delete(m.active, n.Name)
-		held, rel, err := hold(s)
-		s.close(m.log, n.Name)
-		return held, rel, err
+	if err == nil {
+		s.sv, err = sb.Supervise(sandbox.SupervisorOptions{
+			Network: n.Name,
+			Spec: sandbox.Spec{
+				Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
+				Stdin: n.Raw, Env: img.Env, StateDir: dir,
+			},
+			Logger: m.log,
+		})
 	}
-	m.active[n.Name] = s
-	return hold(s)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
+	}
+	return s, nil
 }
 
 func (m *Manager) stateDir(network string) (string, error) {
