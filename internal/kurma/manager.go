@@ -101,6 +101,12 @@ type Manager struct {
 	links    func(string) ([]string, error)
 	checkNS  func(string) error
 	locks    keylock.Locks
+	// pruneMu orders prunes against attaches: an attach drops its own
+	// hold on an image (after its record names it) under the read lock,
+	// a prune lists the records and prunes under the write lock, so no
+	// prune can miss a record written after its list and still see the
+	// image unheld.
+	pruneMu sync.RWMutex
 
 	mu     sync.Mutex
 	nets   []Network
@@ -587,7 +593,11 @@ func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a A
 		if s, release, err = m.ensure(ctx, p.net); err != nil {
 			return a, err
 		}
-		defer release()
+		defer func() {
+			m.pruneMu.RLock()
+			release()
+			m.pruneMu.RUnlock()
+		}()
 		if s.sv != nil {
 			if err := s.sv.Err(); err != nil {
 				return a, err
@@ -702,12 +712,20 @@ func (m *Manager) delUnrecorded(ctx context.Context, req AttachRequest) {
 			// As the add rendered it, unless the template is random.
 			ifname, _ = RenderIfName(n.ContainerInterface, req.ID, i, map[string]bool{})
 		}
-		s, release, err := m.ensure(ctx, n)
-		if err == nil {
+		// Only an image at hand: a DEL never waits on a registry.
+		digest := n.Ref.Digest.String()
+		m.mu.Lock()
+		if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
+			digest = s.img.Digest
+		}
+		m.mu.Unlock()
+		var err error
+		if n.Ref.Pinned() || digest != n.Ref.Digest.String() {
 			a := AttachmentRecord{Network: n.Name, IfName: ifname, Config: n.Raw, Image: n.Image,
-				Digest: s.img.Digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
+				Digest: digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
 			err = m.del(ctx, &rec, a)
-			release()
+		} else {
+			err = fmt.Errorf("image %s: not pinned and not in use: %w", n.Image, ErrImageGone)
 		}
 		if err != nil {
 			m.log.Warn("del of an unrecorded pod network failed", "pod", req.ID, "network", n.Name, "err", err)
@@ -828,10 +846,22 @@ func (m *Manager) prune(ctx context.Context) {
 	if m.images == nil {
 		return
 	}
-	recs, err := m.listRecords(ctx)
+	m.pruneMu.Lock()
+	defer m.pruneMu.Unlock()
+	all, err := m.st.ListMeta(ctx, MetaKind)
 	if err != nil {
 		m.log.Warn("image prune skipped", "err", err)
 		return
+	}
+	// A record that does not decode may name any image: prune nothing.
+	var recs []PodRecord
+	for id, b := range all {
+		var r PodRecord
+		if err := json.Unmarshal(b, &r); err != nil {
+			m.log.Warn("image prune skipped: a pod record does not decode", "pod", id, "err", err)
+			return
+		}
+		recs = append(recs, r)
 	}
 	inUse := map[string]bool{}
 	for _, r := range recs {
