@@ -137,19 +137,22 @@ func ValidateContainerID(id string) error {
 	return validID("CNI_CONTAINERID", id)
 }
 
-// ValidateIfName checks CNI_IFNAME as the kernel and the spec require.
+// ValidateIfName checks an interface name (CNI_IFNAME, a pod network's
+// interface) as the kernel and the spec require. A '%' is refused too: the
+// kernel takes a name holding one as a template ("net%d") and makes up
+// another name, so the interface would not be the one asked for.
 func ValidateIfName(n string) error {
 	switch {
 	case n == "":
-		return errors.New("CNI_IFNAME is empty")
+		return errors.New("interface name is empty")
 	case len(n) > 15:
 		return fmt.Errorf("interface name %q is longer than 15 bytes", n)
 	case n == "." || n == "..":
 		return fmt.Errorf("interface name %q is not allowed", n)
 	}
 	for _, c := range n {
-		if c == '/' || c == ':' || c <= ' ' || c == 0x7f {
-			return fmt.Errorf("interface name %q contains '/', ':', whitespace or a control character", n)
+		if c == '/' || c == ':' || c == '%' || c <= ' ' || c == 0x7f {
+			return fmt.Errorf("interface name %q contains '/', ':', '%%', whitespace or a control character", n)
 		}
 	}
 	return nil

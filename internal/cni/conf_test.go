@@ -65,7 +65,7 @@ func TestParse(t *testing.T) {
 
 func TestValidateIfName(t *testing.T) {
 	good := []string{"eth0", "net1", "a", "fifteen-chars15"}
-	bad := []string{"", ".", "..", "sixteen-chars-16", "a/b", "a b", "tab\tx", "a:b"}
+	bad := []string{"", ".", "..", "sixteen-chars-16", "a/b", "a b", "tab\tx", "a:b", "net%d", "a\x01b", "a\x7fb"}
 	for _, n := range good {
 		if err := ValidateIfName(n); err != nil {
 			t.Errorf("ValidateIfName(%q) = %v, want ok", n, err)

@@ -29,9 +29,22 @@ func (m *Manager) add(ctx context.Context, rec *PodRecord, a AttachmentRecord, s
 	return ConvertResult(out, confVersion(a.Config), a.IfName, rec.NetNS)
 }
 
+// ErrImageGone is wrapped by a del's error when the image its record
+// names is no longer in the cache: a del never fetches an image (it must
+// not wait on a registry, and the source may have changed since), and
+// images a record names are kept until the record is gone.
+var ErrImageGone = errors.New("the image is no longer in the cache")
+
 // del runs one attachment's del from its record: the config and image
-// digest it was added with, whatever the config says now.
+// digest it was added with, whatever the config says now. It is bounded
+// by the attachment's timeout as a whole, whatever the caller's context.
 func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) error {
+	timeout := a.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	if a.Builtin() {
 		if m.pools == nil {
 			return ErrNoPools
@@ -43,11 +56,7 @@ func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) e
 	}
 	img, release, err := m.images.Lookup(a.Digest)
 	if errors.Is(err, image.ErrNotCached) {
-		// Pruned or lost: fetch the same digest again.
-		var ref image.Ref
-		if ref, err = image.Parse(refetchSource(a)); err == nil {
-			img, release, err = m.images.Acquire(ctx, ref)
-		}
+		err = fmt.Errorf("%w (restore %s to the cache, or remove the pod's record by hand)", ErrImageGone, a.Image)
 	}
 	if err != nil {
 		return fmt.Errorf("image %s of network %q: %w", a.Digest, a.Network, err)
@@ -55,21 +64,6 @@ func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) e
 	defer release()
 	_, err = m.call(ctx, sandbox.OpDel, rec, a, img)
 	return err
-}
-
-// refetchSource is where a del fetches a pruned image from: the recorded
-// reference and digest, plain http allowed if the add allowed it (the
-// record's flag, or the recorded config's for records older than it).
-func refetchSource(a AttachmentRecord) image.Source {
-	insecure := a.Insecure
-	if !insecure {
-		var c struct {
-			Insecure bool `json:"insecure"`
-		}
-		_ = json.Unmarshal(a.Config, &c)
-		insecure = c.Insecure
-	}
-	return image.Source{Image: a.Image, Digest: a.Digest, AllowTags: true, Insecure: insecure}
 }
 
 func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a AttachmentRecord, img image.Image) ([]byte, error) {

@@ -84,6 +84,8 @@ func TestRenderIfName(t *testing.T) {
 		{tmpl: "eth0", taken: []string{"eth0"}, err: "already exists"},
 		{tmpl: "{{uuid}}", err: "longer than"},
 		{tmpl: "{{random 0}}", err: "random 0"},
+		{tmpl: "net%d", err: "'%'"},
+		{tmpl: "n{{printf \"%c\" 1}}", err: "control character"},
 	} {
 		taken := map[string]bool{}
 		for _, n := range c.taken {
@@ -131,7 +133,7 @@ func TestParseSelection(t *testing.T) {
 	if err != nil || s.Network != "br" || s.IfName != "net1" {
 		t.Errorf("got %+v, %v", s, err)
 	}
-	for _, bad := range []string{"", "@eth0", "br@", "br@a/b", "br@0123456789abcdef"} {
+	for _, bad := range []string{"", "@eth0", "br@", "br@a/b", "br@0123456789abcdef", "br@net%d", "br@a\x01", "br@a\x7f", "br@a\x00"} {
 		if _, err := ParseSelection(bad); err == nil {
 			t.Errorf("%q: want an error", bad)
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"text/template"
+
+	"github.com/skeinnet/skein/internal/cni"
 )
 
 // maxIfName is IFNAMSIZ less the terminating NUL.
@@ -66,25 +68,10 @@ func execTemplate(t *template.Template, d *templateData) (string, error) {
 		return "", err
 	}
 	name := b.String()
-	if err := ValidIfName(name); err != nil {
+	if err := cni.ValidateIfName(name); err != nil {
 		return "", err
 	}
 	return name, nil
-}
-
-// ValidIfName checks a Linux interface name.
-func ValidIfName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("interface name is empty")
-	case len(name) > maxIfName:
-		return fmt.Errorf("interface name %q: longer than %d bytes", name, maxIfName)
-	case name == "." || name == "..":
-		return fmt.Errorf("interface name %q: not allowed", name)
-	case strings.ContainsAny(name, "/: \t\n\x00"):
-		return fmt.Errorf("interface name %q: must not contain '/', ':' or whitespace", name)
-	}
-	return nil
 }
 
 // renderAttempts bounds retries of a template that collides (only

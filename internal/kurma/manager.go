@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skeinnet/skein/internal/cni"
 	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/kurma/image"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
@@ -100,10 +101,20 @@ type Manager struct {
 	links    func(string) ([]string, error)
 	checkNS  func(string) error
 	locks    keylock.Locks
+	// pruneMu orders prunes against attaches: an attach drops its own
+	// hold on an image (after its record names it) under the read lock,
+	// a prune lists the records and prunes under the write lock, so no
+	// prune can miss a record written after its list and still see the
+	// image unheld.
+	pruneMu sync.RWMutex
 
 	mu     sync.Mutex
 	nets   []Network
 	active map[string]*netState // by network name: running main exec etc.
+	// starting holds, by network name, the first use under way (ensure);
+	// closed when it is done.
+	starting map[string]chan struct{}
+	closed   bool // Close ran: nothing is made active any more
 }
 
 // netState is a configured image network in use: its image held and its
@@ -132,6 +143,7 @@ func NewManager(o Options) (*Manager, error) {
 	m := &Manager{
 		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
 		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, checkNS: o.CheckNetNS, active: map[string]*netState{},
+		starting: map[string]chan struct{}{},
 	}
 	return m, nil
 }
@@ -184,10 +196,12 @@ func (m *Manager) Networks() []Network {
 // Close stops every main exec and releases the images held. Records stay.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	for name, s := range m.active {
+	m.closed = true
+	active := m.active
+	m.active = map[string]*netState{}
+	m.mu.Unlock()
+	for name, s := range active {
 		s.close(m.log, name)
-		delete(m.active, name)
 	}
 	if m.sbOwned {
 		m.sb.Close()
@@ -218,7 +232,7 @@ func ParseSelection(s string) (Selection, error) {
 		return Selection{}, fmt.Errorf("%w: network %q: not a valid network name", ErrBadRequest, s)
 	}
 	if has {
-		if err := ValidIfName(ifname); err != nil {
+		if err := cni.ValidateIfName(ifname); err != nil {
 			return Selection{}, fmt.Errorf("%w: network %q: %w", ErrBadRequest, s, err)
 		}
 	}
@@ -265,6 +279,11 @@ func checkPod(id, nsPath string) error {
 	}
 	if !filepath.IsAbs(nsPath) || filepath.Clean(nsPath) != nsPath {
 		return fmt.Errorf("%w: netns %q: want an absolute, clean path", ErrBadRequest, nsPath)
+	}
+	if filepath.Dir(nsPath) == "/" {
+		// Plugins see the pin's directory bound at its own path; / would
+		// cover the image.
+		return fmt.Errorf("%w: netns %q: pinned in /; pin the namespace in a directory (e.g. /run/netns)", ErrBadRequest, nsPath)
 	}
 	if nsPath == "/proc" || strings.HasPrefix(nsPath, "/proc/") {
 		return fmt.Errorf("%w: netns %q: a /proc path cannot be used by plugins (they have their own /proc); pin the namespace (ip netns add, a bind mount) and pass the pin", ErrBadRequest, nsPath)
@@ -407,7 +426,7 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 		attached[n.Name] = true
 		ifname := s.IfName
 		if ifname != "" {
-			if err := ValidIfName(ifname); err != nil {
+			if err := cni.ValidateIfName(ifname); err != nil {
 				return nil, fmt.Errorf("%w: network %q: %w", ErrBadRequest, n.Name, err)
 			}
 			if taken[ifname] {
@@ -431,74 +450,123 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 // starting its main exec on first use, and a reference of the caller's own
 // to its image (release it when done): the state's may be dropped at any
 // moment by a reload, and the image pruned with it.
+//
+// One network's first use starts one main exec, however many attaches ask
+// at once: the first starts it (m.starting), the others wait for it. A
+// network planned from a config a reload has since replaced gets its image
+// for this call and no main exec; the configured network's main exec is
+// never touched from here (SetNetworks owns stopping it).
 func (m *Manager) ensure(ctx context.Context, n Network) (*netState, func(), error) {
 	if m.images == nil {
 		return nil, nil, fmt.Errorf("network %q: no image cache configured", n.Name)
 	}
-	sb, _, err := m.sandbox()
-	if err != nil {
+	if _, _, err := m.sandbox(); err != nil {
 		return nil, nil, fmt.Errorf("network %q: %w", n.Name, err)
 	}
-	// hold takes the caller's reference while s still holds its own (under
-	// m.mu for a state in m.active: a reload drops it from there first).
-	hold := func(s *netState) (*netState, func(), error) {
-		_, release, err := m.images.Lookup(s.img.Digest)
-		if err != nil {
-			return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+	for {
+		m.mu.Lock()
+		if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
+			// Under m.mu: a reload drops the state from m.active before
+			// releasing its image.
+			defer m.mu.Unlock()
+			return m.hold(n.Name, s)
 		}
-		return s, release, nil
-	}
-	m.mu.Lock()
-	if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
-		defer m.mu.Unlock()
-		return hold(s)
-	}
-	m.mu.Unlock()
+		if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) || m.closed {
+			m.mu.Unlock()
+			return m.ensureStale(ctx, n)
+		}
+		if st := m.starting[n.Name]; st != nil {
+			m.mu.Unlock()
+			select {
+			case <-st:
+				continue // started (or failed: then try ourselves)
+			case <-ctx.Done():
+				return nil, nil, fmt.Errorf("network %q: %w", n.Name, ctx.Err())
+			}
+		}
+		st := make(chan struct{})
+		m.starting[n.Name] = st
+		m.mu.Unlock()
 
-	// Fetching may take long: not under m.mu.
+		// Fetching and starting take long: not under m.mu.
+		s, err := m.start(ctx, n)
+
+		m.mu.Lock()
+		delete(m.starting, n.Name)
+		close(st)
+		if err != nil {
+			m.mu.Unlock()
+			return nil, nil, err
+		}
+		cfg, ok := Find(m.nets, n.Name)
+		if ok && string(cfg.Raw) == string(n.Raw) && m.active[n.Name] == nil && !m.closed {
+			m.active[n.Name] = s
+			defer m.mu.Unlock()
+			return m.hold(n.Name, s)
+		}
+		m.mu.Unlock()
+		// A reload (or Close) came while it started: this call keeps the
+		// image, the main exec stops.
+		held, release, err := m.hold(n.Name, s)
+		s.close(m.log, n.Name)
+		return held, release, err
+	}
+}
+
+// ensureStale serves a network planned from a config that is no longer
+// the current one: its image only, for this call.
+func (m *Manager) ensureStale(ctx context.Context, n Network) (*netState, func(), error) {
 	img, release, err := m.images.Acquire(ctx, n.Ref)
 	if err != nil {
 		return nil, nil, fmt.Errorf("network %q: image: %w", n.Name, err)
 	}
+	return &netState{raw: n.Raw, img: img, release: release}, release, nil
+}
+
+// hold takes the caller's own reference to s's image while s still holds
+// its own.
+func (m *Manager) hold(name string, s *netState) (*netState, func(), error) {
+	_, release, err := m.images.Lookup(s.img.Digest)
+	if err != nil {
+		return nil, nil, fmt.Errorf("network %q: image: %w", name, err)
+	}
+	return s, release, nil
+}
+
+// start acquires a network's image and starts its main exec, if it has
+// one.
+func (m *Manager) start(ctx context.Context, n Network) (*netState, error) {
+	sb, _, err := m.sandbox()
+	if err != nil {
+		return nil, fmt.Errorf("network %q: %w", n.Name, err)
+	}
+	img, release, err := m.images.Acquire(ctx, n.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("network %q: image: %w", n.Name, err)
+	}
 	s := &netState{raw: n.Raw, img: img, release: release}
-	if len(img.MainExec) > 0 {
-		dir, err := m.stateDir(n.Name)
-		if err == nil && !filepath.IsAbs(img.MainExec[0]) {
-			err = fmt.Errorf("main exec %q: want an absolute path", img.MainExec[0])
-		}
-		if err == nil {
-			s.sv, err = sb.Supervise(sandbox.SupervisorOptions{
-				Network: n.Name,
-				Spec: sandbox.Spec{
-					Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
-					Stdin: n.Raw, Env: img.Env, StateDir: dir,
-				},
-				Logger: m.log,
-			})
-		}
-		if err != nil {
-			release()
-			return nil, nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
-		}
+	if len(img.MainExec) == 0 {
+		return s, nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur := m.active[n.Name]; cur != nil {
-		if string(cur.raw) == string(n.Raw) {
-			s.close(m.log, n.Name) // lost a race to another pod's attach
-			return hold(cur)
-		}
-		cur.close(m.log, n.Name)
+	dir, err := m.stateDir(n.Name)
+	if err == nil && !filepath.IsAbs(img.MainExec[0]) {
+		err = fmt.Errorf("main exec %q: want an absolute path", img.MainExec[0])
 	}
-	// Only keep it while the network is still configured as it was.
-	if cfg, ok := Find(m.nets, n.Name); !ok || string(cfg.Raw) != string(n.Raw) {
-		delete(m.active, n.Name)
-		held, rel, err := hold(s)
-		s.close(m.log, n.Name)
-		return held, rel, err
+	if err == nil {
+		s.sv, err = sb.Supervise(sandbox.SupervisorOptions{
+			Network: n.Name,
+			Spec: sandbox.Spec{
+				Rootfs: img.Root, Path: img.MainExec[0], Args: img.MainExec[1:],
+				Stdin: n.Raw, Env: img.Env, StateDir: dir,
+			},
+			Logger: m.log,
+		})
 	}
-	m.active[n.Name] = s
-	return hold(s)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("network %q: start main exec: %w", n.Name, err)
+	}
+	return s, nil
 }
 
 func (m *Manager) stateDir(network string) (string, error) {
@@ -525,7 +593,11 @@ func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a A
 		if s, release, err = m.ensure(ctx, p.net); err != nil {
 			return a, err
 		}
-		defer release()
+		defer func() {
+			m.pruneMu.RLock()
+			release()
+			m.pruneMu.RUnlock()
+		}()
 		if s.sv != nil {
 			if err := s.sv.Err(); err != nil {
 				return a, err
@@ -640,12 +712,20 @@ func (m *Manager) delUnrecorded(ctx context.Context, req AttachRequest) {
 			// As the add rendered it, unless the template is random.
 			ifname, _ = RenderIfName(n.ContainerInterface, req.ID, i, map[string]bool{})
 		}
-		s, release, err := m.ensure(ctx, n)
-		if err == nil {
+		// Only an image at hand: a DEL never waits on a registry.
+		digest := n.Ref.Digest.String()
+		m.mu.Lock()
+		if s := m.active[n.Name]; s != nil && string(s.raw) == string(n.Raw) {
+			digest = s.img.Digest
+		}
+		m.mu.Unlock()
+		var err error
+		if n.Ref.Pinned() || digest != n.Ref.Digest.String() {
 			a := AttachmentRecord{Network: n.Name, IfName: ifname, Config: n.Raw, Image: n.Image,
-				Digest: s.img.Digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
+				Digest: digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
 			err = m.del(ctx, &rec, a)
-			release()
+		} else {
+			err = fmt.Errorf("image %s: not pinned and not in use: %w", n.Image, ErrImageGone)
 		}
 		if err != nil {
 			m.log.Warn("del of an unrecorded pod network failed", "pod", req.ID, "network", n.Name, "err", err)
@@ -766,10 +846,22 @@ func (m *Manager) prune(ctx context.Context) {
 	if m.images == nil {
 		return
 	}
-	recs, err := m.listRecords(ctx)
+	m.pruneMu.Lock()
+	defer m.pruneMu.Unlock()
+	all, err := m.st.ListMeta(ctx, MetaKind)
 	if err != nil {
 		m.log.Warn("image prune skipped", "err", err)
 		return
+	}
+	// A record that does not decode may name any image: prune nothing.
+	var recs []PodRecord
+	for id, b := range all {
+		var r PodRecord
+		if err := json.Unmarshal(b, &r); err != nil {
+			m.log.Warn("image prune skipped: a pod record does not decode", "pod", id, "err", err)
+			return
+		}
+		recs = append(recs, r)
 	}
 	inUse := map[string]bool{}
 	for _, r := range recs {

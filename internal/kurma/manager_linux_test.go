@@ -181,6 +181,11 @@ func TestBadInput(t *testing.T) {
 	w := newWorld(t, testNets)
 	ns := w.pod()
 	busy := w.pod()
+	rootPin := fmt.Sprintf("/kurma-test-%d", os.Getpid())
+	if err := netns.Create(rootPin); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Remove(rootPin) })
 	if _, err := busy.Exec(t, "ip", "link", "add", "net0", "type", "bridge"); err != nil {
 		t.Fatal(err)
 	}
@@ -194,10 +199,11 @@ func TestBadInput(t *testing.T) {
 		{"same network twice", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "good")}, "asks for it twice", nil},
 		{"duplicate ifname", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good@eth1", "oldstyle@eth1")}, `interface "eth1" already exists`, nil},
 		{"ifname taken in the pod", kurma.AttachRequest{ID: uuid1, NetNS: busy.Path(), Networks: sel("good")}, `interface "net0"`, []string{"net0"}},
-		{"bad ifname", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good@a/b")}, "must not contain", nil},
+		{"bad ifname", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good@a/b")}, "contains '/'", nil},
 		{"bad pod id", kurma.AttachRequest{ID: "../x", NetNS: ns.Path()}, "pod id", nil},
 		{"proc netns", kurma.AttachRequest{ID: uuid1, NetNS: "/proc/1/ns/net"}, "pin the namespace", nil},
 		{"missing netns", kurma.AttachRequest{ID: uuid1, NetNS: "/run/netns/kurma-missing"}, "netns", nil},
+		{"netns pinned in /", kurma.AttachRequest{ID: uuid1, NetNS: rootPin, Networks: sel("good")}, "pinned in /", nil},
 		{"the node's netns", kurma.AttachRequest{ID: uuid1, NetNS: w.node.Path(), Networks: sel("good")}, "node's network namespace", nil},
 		{"bad image", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "noimage")}, "nonexistent", nil},
 	} {

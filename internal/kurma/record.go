@@ -45,8 +45,8 @@ type AttachmentRecord struct {
 	// Image and Digest name the plugin image ("" for a built-in network).
 	Image  string `json:"image,omitempty"`
 	Digest string `json:"digest,omitempty"`
-	// Insecure: the image may be fetched again over plain http (the
-	// network's "insecure"), for a del after it was pruned.
+	// Insecure is the network's "insecure" at add time (kept for the
+	// record; a del never fetches).
 	Insecure bool          `json:"insecure,omitempty"`
 	Pool     string        `json:"pool,omitempty"`
 	Timeout  time.Duration `json:"timeout"`

@@ -38,9 +38,15 @@ type Options struct {
 	// MaxDepth caps the number of components of an entry's path; zero
 	// means 64.
 	MaxDepth int
-	// MaxDownload caps an http(s) download or an OCI archive's blobs;
-	// zero means MaxBytes.
+	// MaxDownload caps an archive's bytes (an http(s) download, a
+	// file:// archive) and an OCI archive's blobs; an archive's
+	// decompressed stream may have MaxDownload bytes plus 1 KiB per
+	// allowed entry (headers). Zero means MaxBytes.
 	MaxDownload int64
+	// MaxManifest caps each manifest, index and image config (and a
+	// docker archive's manifest.json, an ACI's manifest): they are read
+	// whole into memory. Zero means 4 MiB.
+	MaxManifest int64
 	// Keychain gives registry credentials; nil means anonymous.
 	Keychain authn.Keychain
 	// Transport carries registry and http(s) requests; nil means
@@ -99,6 +105,9 @@ func Open(o Options) (*Cache, error) {
 	}
 	if o.MaxDownload <= 0 {
 		o.MaxDownload = o.MaxBytes
+	}
+	if o.MaxManifest <= 0 {
+		o.MaxManifest = 4 << 20
 	}
 	if o.Transport == nil {
 		o.Transport = remote.DefaultTransport
@@ -293,7 +302,7 @@ func (c *Cache) unpack(ctx context.Context, ref Ref, r resolved) (err error) {
 	}
 	defer root.Close()
 
-	lim := &limits{maxBytes: c.o.MaxBytes, maxEntries: c.o.MaxEntries, maxDepth: c.o.MaxDepth}
+	lim := c.limits(c.o.MaxBytes)
 	a := newApplier(root, lim)
 	m, err := r.unpack(ctx, tmp, a)
 	if err != nil {
@@ -352,6 +361,14 @@ func checkPlugin(root *os.Root) error {
 		}
 	}
 	return nil
+}
+
+// limits are the caps of one image whose files may have maxBytes bytes:
+// its layers' decompressed streams together may have that and 1 KiB per
+// allowed entry (headers).
+func (c *Cache) limits(maxBytes int64) *limits {
+	return &limits{maxBytes: maxBytes, maxEntries: c.o.MaxEntries, maxDepth: c.o.MaxDepth, maxMeta: c.o.MaxManifest,
+		streamLeft: maxBytes + int64(c.o.MaxEntries)<<10}
 }
 
 // Prune removes the unpacked images that no Acquire in this process holds

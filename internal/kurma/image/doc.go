@@ -48,7 +48,15 @@
 //     ownership is not kept (everything belongs to the daemon's user);
 //   - whiteouts (.wh.NAME, .wh..wh..opq) of OCI layers are applied,
 //     layer by layer, and may not name "." or "..";
-//   - total file bytes, entry count and path depth are capped (Options).
+//   - total entry bytes (every entry's: whiteouts and an ACI's entries
+//     outside rootfs/ too), entry count and path depth are capped
+//     (Options);
+//   - every read is bounded before it happens: an archive's bytes and its
+//     decompressed stream, the layers' decompressed streams, and each
+//     manifest, index and config (read whole by go-containerregistry) by
+//     MaxManifest, checked against its descriptor and, where it is a
+//     file, its real size; a cancelled context stops an unpack within an
+//     entry.
 //
 // A refused image leaves nothing: its temporary directory is removed.
 //

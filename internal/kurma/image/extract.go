@@ -27,8 +27,22 @@ type limits struct {
 	maxBytes   int64
 	maxEntries int
 	maxDepth   int
+	maxMeta    int64 // a manifest or config read whole
 	bytes      int64
 	entries    int
+	// streamLeft is what the decompressed streams may still have.
+	streamLeft int64
+}
+
+// charge counts an entry's content against the byte cap; every entry's
+// is counted, whatever is done with it (a whiteout's, a directory's, an
+// ACI's files outside rootfs/): the tar reader reads it all the same.
+func (l *limits) charge(name string, size int64) error {
+	if size < 0 || size > l.maxBytes-l.bytes {
+		return fmt.Errorf("entry %q: %d bytes would pass the image cap of %d: %w", name, size, l.maxBytes, ErrLimit)
+	}
+	l.bytes += size
+	return nil
 }
 
 // applier writes tar entries into an image root. Before each write it
@@ -133,6 +147,9 @@ func (a *applier) entry(name string, hdr *tar.Header, r io.Reader) error {
 	a.lim.entries++
 	if a.lim.entries > a.lim.maxEntries {
 		return fmt.Errorf("more than %d entries: %w", a.lim.maxEntries, ErrLimit)
+	}
+	if err := a.lim.charge(name, hdr.Size); err != nil {
+		return err
 	}
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
@@ -295,10 +312,6 @@ func (a *applier) dir(name, p string, hdr *tar.Header) error {
 }
 
 func (a *applier) file(name, p string, hdr *tar.Header, r io.Reader) error {
-	if hdr.Size < 0 || hdr.Size > a.lim.maxBytes-a.lim.bytes {
-		return fmt.Errorf("entry %q: %d bytes would pass the image cap of %d: %w", name, hdr.Size, a.lim.maxBytes, ErrLimit)
-	}
-	a.lim.bytes += hdr.Size
 	if err := a.replace(name, p); err != nil {
 		return err
 	}

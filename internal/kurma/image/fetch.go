@@ -54,6 +54,10 @@ func (c *Cache) resolveFile(ref Ref) (resolved, error) {
 		return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
 	}
 	if fi.IsDir() {
+		check := sizeCheck{max: c.o.MaxManifest, dir: ref.Path}
+		if err := check.layoutIndexFile(); err != nil {
+			return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+		}
 		p, err := layout.FromPath(ref.Path)
 		if err != nil {
 			return resolved{}, fmt.Errorf("image %q: not an OCI image layout: %w", ref.Original, err)
@@ -62,63 +66,107 @@ func (c *Cache) resolveFile(ref Ref) (resolved, error) {
 		if err != nil {
 			return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
 		}
-		img, d, err := pickImage(idx, ref.Digest, "image "+ref.String())
+		img, d, err := pickImage(idx, ref.Digest, "image "+ref.String(), check)
 		if err != nil {
 			return resolved{}, err
 		}
 		return resolved{digest: d, format: FormatOCILayout, unpack: func(ctx context.Context, _ string, a *applier) (meta, error) {
-			return applyImage(ctx, img, a)
+			return applyImage(ctx, img, a, check)
 		}}, nil
 	}
-	if ref.Pinned() {
-		// The digest is known: hash while unpacking only if not cached.
-		return resolved{digest: ref.Digest, unpack: func(ctx context.Context, tmp string, a *applier) (meta, error) {
-			d, err := fileDigest(ref.Path)
-			if err != nil {
-				return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
-			}
-			if d != ref.Digest {
-				return meta{}, fmt.Errorf("image %q: file has %s, want %s: %w", ref.Original, d, ref.Digest, ErrDigestMismatch)
-			}
-			return c.unpackArchive(ctx, ref.Path, tmp, a)
-		}}, nil
-	}
-	d, err := fileDigest(ref.Path)
-	if err != nil {
-		return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+	// The archive is hashed again as it is copied into the unpack's own
+	// directory, and unpacked from that copy: what is unpacked is what was
+	// hashed, whatever happens to the file meanwhile. A pinned digest
+	// needs no hashing before that; an unpinned one is the cache key, so
+	// it is taken first and the copy must match it.
+	d := ref.Digest
+	if !ref.Pinned() {
+		if d, err = fileDigest(ref.Path, c.o.MaxDownload); err != nil {
+			return resolved{}, fmt.Errorf("image %q: %w", ref.Original, err)
+		}
 	}
 	return resolved{digest: d, unpack: func(ctx context.Context, tmp string, a *applier) (meta, error) {
-		return c.unpackArchive(ctx, ref.Path, tmp, a)
+		f, err := os.Open(ref.Path)
+		if err != nil {
+			return meta{}, err
+		}
+		defer f.Close()
+		payload := filepath.Join(tmp, "payload")
+		if err := c.copyIn(ctx, f, payload, d); err != nil {
+			return meta{}, err
+		}
+		defer os.Remove(payload)
+		return c.unpackArchive(ctx, payload, tmp, a)
 	}}, nil
 }
 
-func fileDigest(path string) (v1.Hash, error) {
+// fileDigest hashes a file of at most max bytes.
+func fileDigest(path string, max int64) (v1.Hash, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return v1.Hash{}, err
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	n, err := io.Copy(h, io.LimitReader(f, max+1))
+	if err != nil {
 		return v1.Hash{}, fmt.Errorf("hash %s: %w", path, err)
+	}
+	if n > max {
+		return v1.Hash{}, fmt.Errorf("hash %s: passes %d bytes: %w", path, max, ErrLimit)
 	}
 	return v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
+// copyIn copies at most MaxDownload bytes of src to a new file dst,
+// hashing them, and checks the hash against want.
+func (c *Cache) copyIn(ctx context.Context, src io.Reader, dst string, want v1.Hash) error {
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, src}, c.o.MaxDownload+1))
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if n > c.o.MaxDownload {
+		return fmt.Errorf("passes %d bytes: %w", c.o.MaxDownload, ErrLimit)
+	}
+	if got := (v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}); got != want {
+		return fmt.Errorf("content has %s, want %s: %w", got, want, ErrDigestMismatch)
+	}
+	return f.Close()
+}
+
 // unpackArchive detects an archive's format and unpacks it.
 func (c *Cache) unpackArchive(ctx context.Context, path, tmp string, a *applier) (meta, error) {
-	format, err := detect(path, c.o.MaxEntries)
+	maxStream := c.o.MaxDownload + int64(c.o.MaxEntries)<<10
+	s, err := scanArchive(ctx, path, maxStream, c.o.MaxEntries, c.o.MaxManifest)
 	if err != nil {
 		return meta{}, err
 	}
+	format := s.format
 	var m meta
 	switch format {
 	case FormatDocker:
-		img, err := tarball.Image(func() (io.ReadCloser, error) { return openDecompressed(path) }, nil)
+		// go-containerregistry reads manifest.json and the config whole,
+		// at once: checked first.
+		if err := s.checkDocker(c.o.MaxManifest); err != nil {
+			return meta{}, fmt.Errorf("docker archive: %w", err)
+		}
+		img, err := tarball.Image(func() (io.ReadCloser, error) {
+			rc, err := openDecompressed(path)
+			if err != nil {
+				return nil, err
+			}
+			return readCloser{&capReader{r: ctxReader{ctx, rc}, left: maxStream, what: "decompressed archive"}, rc}, nil
+		}, nil)
 		if err != nil {
 			return meta{}, fmt.Errorf("read docker archive: %w", err)
 		}
-		m, err = applyImage(ctx, img, a)
+		m, err = applyImage(ctx, img, a, sizeCheck{max: c.o.MaxManifest})
 		if err != nil {
 			return meta{}, err
 		}
@@ -133,7 +181,7 @@ func (c *Cache) unpackArchive(ctx context.Context, path, tmp string, a *applier)
 			return meta{}, err
 		}
 		defer rc.Close()
-		m, err = applyACI(ctx, rc, a)
+		m, err = applyACI(ctx, &capReader{r: rc, left: maxStream, what: "decompressed archive"}, a)
 		if err != nil {
 			return meta{}, err
 		}
@@ -160,12 +208,17 @@ func (c *Cache) unpackOCIArchive(ctx context.Context, path, tmp string, a *appli
 		return meta{}, err
 	}
 	defer rc.Close()
-	la := newApplier(root, &limits{maxBytes: c.o.MaxDownload, maxEntries: c.o.MaxEntries, maxDepth: c.o.MaxDepth})
-	if err := applyTar(ctx, rc, la, false); err != nil {
+	la := newApplier(root, c.limits(c.o.MaxDownload))
+	r := &capReader{r: rc, left: la.lim.streamLeft, what: "decompressed archive"}
+	if err := applyTar(ctx, r, la, false); err != nil {
 		return meta{}, fmt.Errorf("unpack oci archive: %w", err)
 	}
 	if err := la.finish(); err != nil {
 		return meta{}, err
+	}
+	check := sizeCheck{max: c.o.MaxManifest, dir: dir}
+	if err := check.layoutIndexFile(); err != nil {
+		return meta{}, fmt.Errorf("oci archive: %w", err)
 	}
 	p, err := layout.FromPath(dir)
 	if err != nil {
@@ -175,11 +228,11 @@ func (c *Cache) unpackOCIArchive(ctx context.Context, path, tmp string, a *appli
 	if err != nil {
 		return meta{}, fmt.Errorf("oci archive: %w", err)
 	}
-	img, _, err := pickImage(idx, v1.Hash{}, "oci archive")
+	img, _, err := pickImage(idx, v1.Hash{}, "oci archive", check)
 	if err != nil {
 		return meta{}, err
 	}
-	return applyImage(ctx, img, a)
+	return applyImage(ctx, img, a, check)
 }
 
 // unpackHTTP downloads the payload into tmp, checks its digest before
@@ -208,30 +261,16 @@ func (c *Cache) download(ctx context.Context, ref Ref, dst string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("image %q: http status %s", ref.Original, resp.Status)
 	}
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(resp.Body, c.o.MaxDownload+1))
-	if err != nil {
+	if err := c.copyIn(ctx, resp.Body, dst, ref.Digest); err != nil {
 		return fmt.Errorf("image %q: download: %w", ref.Original, err)
 	}
-	if n > c.o.MaxDownload {
-		return fmt.Errorf("image %q: download passes %d bytes: %w", ref.Original, c.o.MaxDownload, ErrLimit)
-	}
-	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
-	if got != ref.Digest {
-		return fmt.Errorf("image %q: downloaded %s, want %s: %w", ref.Original, got, ref.Digest, ErrDigestMismatch)
-	}
-	return f.Close()
+	return nil
 }
 
 func (c *Cache) remoteOptions(ctx context.Context, ref Ref) []remote.Option {
 	opts := []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithTransport(httpGuard{next: c.o.Transport, insecure: ref.Insecure}),
+		remote.WithTransport(httpGuard{next: manifestCap{next: c.o.Transport, max: c.o.MaxManifest}, insecure: ref.Insecure}),
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
 	}
 	if c.o.Keychain != nil {
@@ -261,7 +300,7 @@ func (c *Cache) resolveDocker(ctx context.Context, ref Ref) (resolved, error) {
 		if err != nil {
 			return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
 		}
-		m, err := applyImage(ctx, img, a)
+		m, err := applyImage(ctx, img, a, sizeCheck{max: c.o.MaxManifest})
 		if err != nil {
 			return meta{}, fmt.Errorf("image %q: %w", ref.Original, err)
 		}

@@ -22,6 +22,9 @@ func FuzzApply(f *testing.F) {
 	f.Add([]byte{2, 0x05, 0x44, 3, 0x31, 0x05, 9, 0, 0x31})
 	// c/c/c -> ../../a, then a hard link "a" to it at the top.
 	f.Add([]byte{8, 191, 6, 4, 0, 0, 0})
+	// Whiteouts and opaque markers over several layers (their content
+	// counts against the byte cap like any entry's).
+	f.Add([]byte{1, 0x00, 1, 0x01, 0, 0x05, 7, 0x05, 9, 5, 0x00, 5, 0x01, 6, 0x05, 9, 5, 0x05, 1, 0x00})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		top := t.TempDir()
 		outside := filepath.Join(top, "outside")

@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,6 +62,18 @@ func TestHostileImagesRefused(t *testing.T) {
 			return [][]ent{es}
 		}, aci: true, opts: Options{MaxEntries: 20}, want: ErrLimit},
 		{name: "deep", layers: one(file("a/b/c/d/e/f/g/h/i/j", "x")), aci: true, opts: Options{MaxDepth: 8}, want: ErrLimit},
+		// A whiteout's content is read (and skipped) like any other: it
+		// counts against the byte cap.
+		{name: "big-whiteout", layers: func(string) [][]ent {
+			return [][]ent{pluginEnts(), {ent{name: ".wh.x", typ: tar.TypeReg, mode: 0o644, size: 4 << 20}}}
+		}, opts: Options{MaxBytes: 1 << 20}, want: ErrLimit},
+		{name: "many-whiteouts", layers: func(string) [][]ent {
+			var wh []ent
+			for i := range 17 {
+				wh = append(wh, ent{name: fmt.Sprintf("d/.wh.x%d", i), typ: tar.TypeReg, mode: 0o644, size: 1 << 20})
+			}
+			return [][]ent{pluginEnts(), wh}
+		}, opts: Options{MaxBytes: 8 << 20}, want: ErrLimit},
 		{name: "whiteout-dotdot", layers: func(string) [][]ent {
 			return [][]ent{pluginEnts(), {file(".wh...", "")}}
 		}, want: ErrUnsafeEntry},
@@ -157,6 +170,42 @@ func TestSetuidStripped(t *testing.T) {
 				if fi.Mode() != want {
 					t.Errorf("%s: mode %v, want %v", p, fi.Mode(), want)
 				}
+			}
+		})
+	}
+}
+
+// TestACIBytesOutsideRootfs: an ACI's entries outside rootfs/ (not part of
+// the image, but read all the same) and its manifest count against the
+// byte cap; a manifest over MaxManifest is refused.
+func TestACIBytesOutsideRootfs(t *testing.T) {
+	top := t.TempDir()
+	es := []ent{file("manifest", `{"acKind":"ImageManifest","name":"x"}`), dir("rootfs/")}
+	for _, e := range pluginEnts() {
+		e.name = "rootfs/" + e.name
+		es = append(es, e)
+	}
+	for _, c := range []struct {
+		name  string
+		extra []ent
+		opts  Options
+	}{
+		{"junk", []ent{{name: "junk", typ: tar.TypeReg, mode: 0o644, size: 4 << 20}}, Options{MaxBytes: 1 << 20, MaxDownload: 64 << 20}},
+		{"many-junk", []ent{{name: "j1", typ: tar.TypeReg, mode: 0o644, size: 1 << 20}, {name: "j2", typ: tar.TypeReg, mode: 0o644, size: 1 << 20}},
+			Options{MaxBytes: 1 << 20, MaxDownload: 64 << 20}},
+		{"big-manifest", nil, Options{MaxManifest: 16}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(top, c.name+".aci")
+			writeArchive(t, path, mkTar(t, append(append([]ent(nil), es...), c.extra...)...), false)
+			cache := newCache(t, c.opts)
+			_, _, err := acquire(t, cache, Source{Image: "file://" + path})
+			if !errors.Is(err, ErrLimit) {
+				t.Fatalf("err %v, want ErrLimit", err)
+			}
+			t.Logf("refused: %v", err)
+			if names := cacheEntries(t, cache); len(names) != 0 {
+				t.Errorf("cache holds %v", names)
 			}
 		})
 	}

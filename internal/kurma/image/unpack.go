@@ -42,7 +42,15 @@ type meta struct {
 
 // applyImage applies the layers of an OCI or Docker image in order and
 // returns what its config says about the main exec.
-func applyImage(ctx context.Context, img v1.Image, a *applier) (meta, error) {
+// check bounds the config before it is read.
+func applyImage(ctx context.Context, img v1.Image, a *applier, check sizeCheck) (meta, error) {
+	man, err := img.Manifest()
+	if err != nil {
+		return meta{}, fmt.Errorf("read image manifest: %w", err)
+	}
+	if err := check.check("image config", man.Config); err != nil {
+		return meta{}, err
+	}
 	cfg, err := img.ConfigFile()
 	if err != nil {
 		return meta{}, fmt.Errorf("read image config: %w", err)
@@ -71,13 +79,15 @@ func applyLayer(ctx context.Context, l v1.Layer, a *applier) error {
 		return err
 	}
 	defer rc.Close()
-	if err := applyTar(ctx, rc, a, true); err != nil {
+	r := &capReader{r: ctxReader{ctx, rc}, left: a.lim.streamLeft, what: "decompressed layers"}
+	defer func() { a.lim.streamLeft = r.left }()
+	if err := applyTar(ctx, r, a, true); err != nil {
 		return err
 	}
 	// Read to the end so that the layer's digest is checked (a registry
 	// layer is verified when its stream reaches EOF); what follows the tar
 	// end is bounded by the byte cap.
-	n, err := io.CopyN(io.Discard, rc, a.lim.maxBytes-a.lim.bytes+1)
+	n, err := io.CopyN(io.Discard, r, a.lim.maxBytes-a.lim.bytes+1)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("verify layer: %w", err)
 	}
@@ -90,7 +100,7 @@ func applyLayer(ctx context.Context, l v1.Layer, a *applier) error {
 // applyTar applies every entry of one tar stream.
 func applyTar(ctx context.Context, r io.Reader, a *applier, whiteouts bool) error {
 	a.startLayer(whiteouts)
-	tr := tar.NewReader(r)
+	tr := tar.NewReader(ctxReader{ctx, r})
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -128,7 +138,7 @@ func applyACI(ctx context.Context, r io.Reader, a *applier) (meta, error) {
 	a.startLayer(false)
 	a.linkPrefix = "rootfs/"
 	defer func() { a.linkPrefix = "" }()
-	tr := tar.NewReader(r)
+	tr := tar.NewReader(ctxReader{ctx, r})
 	var man *aciManifest
 	for {
 		if err := ctx.Err(); err != nil {
@@ -153,20 +163,33 @@ func applyACI(ctx context.Context, r io.Reader, a *applier) (meta, error) {
 		}
 		switch {
 		case p == "manifest":
+			if err := a.lim.charge(hdr.Name, hdr.Size); err != nil {
+				return meta{}, err
+			}
+			if hdr.Size > a.lim.maxMeta {
+				return meta{}, fmt.Errorf("aci manifest: %d bytes, over %d: %w", hdr.Size, a.lim.maxMeta, ErrLimit)
+			}
 			man = new(aciManifest)
-			if err := json.NewDecoder(io.LimitReader(tr, 1<<20)).Decode(man); err != nil {
+			if err := json.NewDecoder(io.LimitReader(tr, a.lim.maxMeta)).Decode(man); err != nil {
 				return meta{}, fmt.Errorf("parse aci manifest: %w", err)
 			}
 		case p == "rootfs":
+			if err := a.lim.charge(hdr.Name, hdr.Size); err != nil {
+				return meta{}, err
+			}
 		case strings.HasPrefix(p, "rootfs/"):
 			if err := a.entry(strings.TrimPrefix(p, "rootfs/"), hdr, tr); err != nil {
 				return meta{}, err
 			}
 		default:
-			// Anything else is not part of the image's file system.
+			// Anything else is not part of the image's file system, but
+			// is read all the same.
 			a.lim.entries++
 			if a.lim.entries > a.lim.maxEntries {
 				return meta{}, fmt.Errorf("more than %d entries: %w", a.lim.maxEntries, ErrLimit)
+			}
+			if err := a.lim.charge(hdr.Name, hdr.Size); err != nil {
+				return meta{}, err
 			}
 		}
 	}
@@ -193,7 +216,8 @@ func applyACI(ctx context.Context, r io.Reader, a *applier) (meta, error) {
 // pickImage chooses the image of an index: the one whose digest is want
 // (an image, or an index resolved for this platform), else the only one
 // for this platform.
-func pickImage(idx v1.ImageIndex, want v1.Hash, where string) (v1.Image, v1.Hash, error) {
+// Each manifest and index is bounded by check before it is read.
+func pickImage(idx v1.ImageIndex, want v1.Hash, where string, check sizeCheck) (v1.Image, v1.Hash, error) {
 	im, err := idx.IndexManifest()
 	if err != nil {
 		return nil, v1.Hash{}, fmt.Errorf("%s: read index: %w", where, err)
@@ -210,17 +234,23 @@ func pickImage(idx v1.ImageIndex, want v1.Hash, where string) (v1.Image, v1.Hash
 			if want.Hex == "" && !platformOK(desc.Platform) {
 				continue
 			}
+			if err := check.check(where+": manifest", desc); err != nil {
+				return nil, v1.Hash{}, err
+			}
 			img, err := idx.Image(desc.Digest)
 			if err != nil {
 				return nil, v1.Hash{}, fmt.Errorf("%s: image %s: %w", where, desc.Digest, err)
 			}
 			cands = append(cands, cand{img, desc.Digest})
 		case desc.MediaType.IsIndex():
+			if err := check.check(where+": index", desc); err != nil {
+				return nil, v1.Hash{}, err
+			}
 			child, err := idx.ImageIndex(desc.Digest)
 			if err != nil {
 				return nil, v1.Hash{}, fmt.Errorf("%s: index %s: %w", where, desc.Digest, err)
 			}
-			img, d, err := pickImage(child, v1.Hash{}, where)
+			img, d, err := pickImage(child, v1.Hash{}, where, check)
 			if err != nil {
 				return nil, v1.Hash{}, err
 			}
@@ -281,53 +311,4 @@ func openDecompressed(path string) (io.ReadCloser, error) {
 type readCloser struct {
 	io.Reader
 	io.Closer
-}
-
-// detect reads an archive's entry names to tell its format.
-func detect(path string, maxEntries int) (Format, error) {
-	rc, err := openDecompressed(path)
-	if err != nil {
-		return "", err
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	var docker, ociLayout, ociIndex, aciMan, aciRoot bool
-	for n := 0; ; n++ {
-		if n > maxEntries {
-			return "", fmt.Errorf("more than %d entries: %w", maxEntries, ErrLimit)
-		}
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return "", fmt.Errorf("read archive (not a tar?): %w", err)
-		}
-		p := strings.TrimPrefix(strings.TrimPrefix(hdr.Name, "./"), "/")
-		switch {
-		case p == "manifest.json":
-			docker = true
-		case p == "oci-layout":
-			ociLayout = true
-		case p == "index.json":
-			ociIndex = true
-		case p == "manifest":
-			aciMan = true
-		case p == "rootfs" || strings.HasPrefix(p, "rootfs/"):
-			aciRoot = true
-		}
-		// Stop at the first sure sign: the formats' marker files never
-		// appear together in archives made by their tools, except that
-		// Docker 25+ writes an OCI layout and manifest.json in one tar,
-		// which both readers accept.
-		switch {
-		case docker:
-			return FormatDocker, nil
-		case ociLayout && ociIndex:
-			return FormatOCIArchive, nil
-		case aciMan && aciRoot:
-			return FormatACI, nil
-		}
-	}
-	return "", errors.New("archive is neither a docker save tar, an OCI layout tar nor an ACI")
 }

@@ -371,6 +371,13 @@ func TestBadSpecs(t *testing.T) {
 	e := newEnv(t, Options{})
 	notNS := filepath.Join(e.dir, "plain-file")
 	os.WriteFile(notNS, nil, 0o644)
+	// A real namespace pinned in /: its directory would be bound over the
+	// image root.
+	rootPin := fmt.Sprintf("/skein-sbtest-%d", os.Getpid())
+	if err := netns.Create(rootPin); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Remove(rootPin) })
 	tests := []struct {
 		name string
 		edit func(*Spec)
@@ -383,6 +390,7 @@ func TestBadSpecs(t *testing.T) {
 		{"netns under /proc", func(s *Spec) { s.NetNS = "/proc/1/ns/net" }, "pin the namespace"},
 		{"netns not a namespace", func(s *Spec) { s.NetNS = notNS }, "not a network namespace"},
 		{"missing netns", func(s *Spec) { s.NetNS = e.dir + "/gone" }, "does not exist"},
+		{"netns pinned in /", func(s *Spec) { s.NetNS = rootPin }, "pinned in /"},
 		{"bad env", func(s *Spec) { s.Env = []string{"NOEQUALS"} }, "want KEY=VALUE"},
 		{"missing state dir", func(s *Spec) { s.StateDir = e.dir + "/nostate" }, "state directory: stat"},
 	}

@@ -196,6 +196,11 @@ func (s *Spec) validate() error {
 		if underProc(s.NetNS) {
 			return fmt.Errorf("netns path %q: paths under /proc are not usable inside the sandbox (its /proc is its own); pin the namespace to a file and pass that", s.NetNS)
 		}
+		// The pin's directory is bound into the sandbox at its own path:
+		// for a pin in / that would be the host's root over the image's.
+		if filepath.Dir(s.NetNS) == "/" {
+			return fmt.Errorf("netns path %q: a namespace pinned in / cannot be shown to a plugin; pin it in a directory (e.g. /run/netns)", s.NetNS)
+		}
 	}
 	for _, d := range s.NetNSDirs {
 		if err := absClean("netns directory", d); err != nil {
