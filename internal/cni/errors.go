@@ -16,6 +16,10 @@ const (
 	// CodeAttachmentExists: ADD for a (network, container, ifname) that is
 	// already attached; DEL it first.
 	CodeAttachmentExists uint = 102
+	// CodeNetworkNotAllowed: the pod's namespace may not use a pod
+	// network it asked for (the network's allowedNamespaces and
+	// namespaceSelector).
+	CodeNetworkNotAllowed uint = 103
 	// CodeCheckFailed: CHECK found the attachment not as ADD left it.
 	CodeCheckFailed uint = 110
 	// CodeInternal: anything else.

@@ -67,7 +67,11 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	if err != nil {
 		return nil, err
 	}
-	// 2. attach, in order (the Manager rolls back on failure); GC leaves
+	// 2. only networks the pod's namespace may use
+	if err := s.admitNetworks(ctx, pods.Networks(), sels, req.Args); err != nil {
+		return nil, err
+	}
+	// 3. attach, in order (the Manager rolls back on failure); GC leaves
 	// a pod alone while its ADD runs
 	defer s.d.adds.begin(podAddKey(req.ContainerId))()
 	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns, Networks: sels, Owner: cniOwner(conf.Name)})
@@ -77,13 +81,13 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	for _, sk := range res.Skipped {
 		s.d.log.Warn("cni: optional pod network skipped", "container", req.ContainerId, "network", sk.Network, "err", sk.Error)
 	}
-	// 3. one result for all of them
+	// 4. one result for all of them
 	merged, err := mergeResults(res.Pod.Attachments, req.Netns)
 	var out []byte
 	if err == nil {
 		out, err = cni.Encode(merged, conf.CNIVersion)
 	}
-	// 4. the pod's own set-up (egress) once its interfaces are in place
+	// 5. the pod's own set-up (egress) once its interfaces are in place
 	if err == nil {
 		err = s.podAdded(ctx, req)
 	}
@@ -269,6 +273,57 @@ func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return types.NewError(types.ErrInternal, "gc: "+err.Error(), "")
+	}
+	return nil
+}
+
+// namespaceLabels is a store that can read a Kubernetes namespace's
+// labels (the Kubernetes store).
+type namespaceLabels interface {
+	NamespaceLabels(ctx context.Context, namespace string) (map[string]string, error)
+}
+
+// admitNetworks refuses (code 103, naming the network and the namespace)
+// a Kubernetes pod that asks for a network its namespace may not use
+// (kurma.Network.Admits). The networks come from the pod's annotation,
+// which the pod's owner writes: it is never trusted to choose. A request
+// without K8S_POD_NAMESPACE (a runtime on the host, not a kubelet) is not
+// a tenant's and is not checked.
+func (s *cniServer) admitNetworks(ctx context.Context, nets []kurma.Network, sels []kurma.Selection, cniArgs string) error {
+	args, err := cni.ParseArgs(cniArgs)
+	if err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: "+err.Error(), "")
+	}
+	ns := args["K8S_POD_NAMESPACE"]
+	if ns == "" {
+		return nil
+	}
+	var labels map[string]string
+	labelsRead := false
+	for _, sel := range sels {
+		n, ok := kurma.Find(nets, sel.Network)
+		if !ok {
+			continue // Attach reports an unknown network
+		}
+		if n.NeedsLabels() && !labelsRead {
+			nl, ok := s.d.st.(namespaceLabels)
+			if !ok {
+				return types.NewError(cni.CodeNetworkNotAllowed, fmt.Sprintf(
+					"pod network %q: its namespaceSelector needs namespaces' labels, which only skeind --store kubernetes reads; list namespace %q in allowedNamespaces instead", n.Name, ns), "")
+			}
+			if labels, err = nl.NamespaceLabels(ctx, ns); err != nil {
+				return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod network %q: the labels of namespace %q cannot be read: %v", n.Name, ns, err), "")
+			}
+			labelsRead = true
+		}
+		if !n.Admits(ns, labels) {
+			why := "its allowedNamespaces and namespaceSelector do not include it"
+			if !n.Restricted() {
+				why = "the network is not a default network and lists no allowedNamespaces or namespaceSelector"
+			}
+			return types.NewError(cni.CodeNetworkNotAllowed, fmt.Sprintf(
+				"pod network %q may not be used by pods of namespace %q: %s", n.Name, ns, why), "")
+		}
 	}
 	return nil
 }

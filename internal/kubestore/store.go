@@ -373,6 +373,28 @@ func poolOf(p *skeinv1.AddressPool) (store.Pool, error) {
 // to the default pool would put a tenant's pod in a pool that is not its
 // own. An error when the namespace does not exist or cannot be read.
 func (s *Store) PoolForNamespace(ctx context.Context, ns string) (string, bool, error) {
+	n, err := s.namespace(ctx, ns, "its pool")
+	if err != nil {
+		return "", false, err
+	}
+	p, ok := n.Annotations[skeinv1.AnnotationPool]
+	return p, ok && p != "", nil
+}
+
+// NamespaceLabels returns the labels of namespace ns (pod networks'
+// namespaceSelector), read as PoolForNamespace reads the namespace: from
+// the cache, live on a miss, an error when it cannot be read.
+func (s *Store) NamespaceLabels(ctx context.Context, ns string) (map[string]string, error) {
+	n, err := s.namespace(ctx, ns, "its labels")
+	if err != nil {
+		return nil, err
+	}
+	return n.Labels, nil
+}
+
+// namespace reads namespace ns from the cache, and from the API server
+// when the cache has not seen it (a namespace made a moment ago).
+func (s *Store) namespace(ctx context.Context, ns, what string) (*corev1.Namespace, error) {
 	n := &corev1.Namespace{}
 	err := s.cache.Get(ctx, client.ObjectKey{Name: ns}, n)
 	if apierrors.IsNotFound(err) {
@@ -380,11 +402,10 @@ func (s *Store) PoolForNamespace(ctx context.Context, ns string) (string, bool, 
 		err = s.client.Get(ctx, client.ObjectKey{Name: ns}, n)
 	}
 	if apierrors.IsNotFound(err) {
-		return "", false, fmt.Errorf("namespace %q does not exist: %w", ns, store.ErrNotFound)
+		return nil, fmt.Errorf("namespace %q does not exist: %w", ns, store.ErrNotFound)
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("read namespace %q for its pool: %w", ns, err)
+		return nil, fmt.Errorf("read namespace %q for %s: %w", ns, what, err)
 	}
-	p, ok := n.Annotations[skeinv1.AnnotationPool]
-	return p, ok && p != "", nil
+	return n, nil
 }

@@ -46,6 +46,84 @@ type Network struct {
 	Pool string
 	// Raw is the whole entry as written: the plugin's stdin.
 	Raw json.RawMessage
+	// AllowedNamespaces and NamespaceSelector say which Kubernetes
+	// namespaces' pods may use the network (Admits). Nil selector: none.
+	AllowedNamespaces []string
+	NamespaceSelector *NamespaceSelector
+}
+
+// NamespaceSelector selects namespaces by their labels: every label in
+// MatchLabels must be on the namespace. An empty one selects every
+// namespace (an open network, said out loud).
+type NamespaceSelector struct {
+	MatchLabels map[string]string `json:"matchLabels"`
+}
+
+// Restricted reports whether the network has an allow-list.
+func (n *Network) Restricted() bool {
+	return len(n.AllowedNamespaces) > 0 || n.NamespaceSelector != nil
+}
+
+// NeedsLabels reports whether Admits needs the namespace's labels.
+func (n *Network) NeedsLabels() bool { return n.NamespaceSelector != nil }
+
+// Admits reports whether pods of Kubernetes namespace ns, labelled labels,
+// may use the network: ns is in AllowedNamespaces or its labels match
+// NamespaceSelector. A network with neither admits every namespace only
+// if it is a default network (what a pod gets without asking); any other
+// network must say who may use it, so that a pod's annotation, which its
+// owner writes, cannot put it on another team's network.
+func (n *Network) Admits(ns string, labels map[string]string) bool {
+	if !n.Restricted() {
+		return n.Default
+	}
+	if slices.Contains(n.AllowedNamespaces, ns) {
+		return true
+	}
+	if n.NamespaceSelector == nil {
+		return false
+	}
+	for k, v := range n.NamespaceSelector.MatchLabels {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// namespaceName is a Kubernetes namespace name (an RFC 1123 label).
+var namespaceName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// parseAllowList reads allowedNamespaces and namespaceSelector. The
+// selector is decoded strictly: a key skein does not know (matchExpressions)
+// would otherwise be dropped and the network left open to namespaces the
+// administrator meant to keep out.
+func parseAllowList(n *Network, obj map[string]json.RawMessage) error {
+	if raw, ok := obj["allowedNamespaces"]; ok {
+		if err := json.Unmarshal(raw, &n.AllowedNamespaces); err != nil {
+			return fmt.Errorf("allowedNamespaces: want a list of namespace names: %w", err)
+		}
+		for _, ns := range n.AllowedNamespaces {
+			if !namespaceName.MatchString(ns) {
+				return fmt.Errorf("allowedNamespaces: %q is not a namespace name", ns)
+			}
+		}
+	}
+	if raw, ok := obj["namespaceSelector"]; ok {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		var sel NamespaceSelector
+		if err := dec.Decode(&sel); err != nil {
+			return fmt.Errorf("namespaceSelector: want {\"matchLabels\": {…}} (only matchLabels is supported): %w", err)
+		}
+		for k := range sel.MatchLabels {
+			if k == "" {
+				return errors.New("namespaceSelector: an empty label key")
+			}
+		}
+		n.NamespaceSelector = &sel
+	}
+	return nil
 }
 
 // Builtin reports whether skeind serves the network itself.
@@ -136,6 +214,9 @@ func ParseNetwork(raw json.RawMessage) (Network, error) {
 	}
 	if _, err := parseTemplate(n.ContainerInterface); err != nil {
 		return n, fmt.Errorf("%s: containerInterface: %w", where, err)
+	}
+	if err := parseAllowList(&n, obj); err != nil {
+		return n, fmt.Errorf("%s: %w", where, err)
 	}
 	if n.Image == "" {
 		if e.Type != TypeSkein {

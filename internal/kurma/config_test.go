@@ -139,3 +139,49 @@ func TestParseSelection(t *testing.T) {
 		}
 	}
 }
+
+func TestAllowList(t *testing.T) {
+	parse := func(js string) (Network, error) { return ParseNetwork(json.RawMessage(js)) }
+	base := `"name":"blue","type":"skein","pool":"blue","containerInterface":"net1"`
+	cases := []struct {
+		entry  string
+		ns     string
+		labels map[string]string
+		want   bool
+	}{
+		// No allow-list: only a default network is open to every namespace.
+		{`{` + base + `}`, "default", nil, false},
+		{`{` + base + `,"default":true}`, "team-a", nil, true},
+		{`{` + base + `,"allowedNamespaces":["team-a"]}`, "team-a", nil, true},
+		{`{` + base + `,"allowedNamespaces":["team-a"]}`, "team-b", nil, false},
+		// A default network with an allow-list is restricted too.
+		{`{` + base + `,"default":true,"allowedNamespaces":["team-a"]}`, "team-b", nil, false},
+		{`{` + base + `,"namespaceSelector":{"matchLabels":{"team":"blue"}}}`, "x", map[string]string{"team": "blue", "env": "prod"}, true},
+		{`{` + base + `,"namespaceSelector":{"matchLabels":{"team":"blue"}}}`, "x", map[string]string{"team": "red"}, false},
+		{`{` + base + `,"namespaceSelector":{"matchLabels":{"team":"blue"}}}`, "x", nil, false},
+		{`{` + base + `,"namespaceSelector":{}}`, "anything", nil, true},
+		{`{` + base + `,"allowedNamespaces":["a"],"namespaceSelector":{"matchLabels":{"t":"1"}}}`, "b", map[string]string{"t": "1"}, true},
+	}
+	for _, c := range cases {
+		n, err := parse(c.entry)
+		if err != nil {
+			t.Fatalf("%s: %v", c.entry, err)
+		}
+		if got := n.Admits(c.ns, c.labels); got != c.want {
+			t.Errorf("%s: Admits(%q, %v) = %v, want %v", c.entry, c.ns, c.labels, got, c.want)
+		}
+	}
+	for _, bad := range []string{
+		`{` + base + `,"allowedNamespaces":"team-a"}`,
+		`{` + base + `,"allowedNamespaces":["Team_A"]}`,
+		`{` + base + `,"allowedNamespaces":[""]}`,
+		// matchExpressions would be dropped silently: refused.
+		`{` + base + `,"namespaceSelector":{"matchExpressions":[{"key":"team","operator":"In","values":["blue"]}]}}`,
+		`{` + base + `,"namespaceSelector":{"matchLabels":{"":"x"}}}`,
+		`{` + base + `,"namespaceSelector":["team"]}`,
+	} {
+		if _, err := parse(bad); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+}

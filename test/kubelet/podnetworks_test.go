@@ -10,6 +10,11 @@ import (
 
 // annotated is a sleeping pod on node asking for networks (none if "").
 func annotated(name, node, networks string) string {
+	return annotatedIn(name, "default", node, networks)
+}
+
+// annotatedIn is annotated in namespace ns.
+func annotatedIn(name, ns, node, networks string) string {
 	ann := ""
 	if networks != "" {
 		ann = fmt.Sprintf("  annotations:\n    skein.dev/networks: %q\n", networks)
@@ -18,7 +23,7 @@ func annotated(name, node, networks string) string {
 kind: Pod
 metadata:
   name: %s
-  namespace: default
+  namespace: %s
 %sspec:
   nodeName: %s
   terminationGracePeriodSeconds: 1
@@ -27,7 +32,7 @@ metadata:
     image: %s
     command: ["sleep", "100000"]
 ---
-`, name, ann, node, BusyboxImage)
+`, name, ns, ann, node, BusyboxImage)
 }
 
 var inet = regexp.MustCompile(`inet (\d+\.\d+\.\d+\.\d+)/`)
@@ -45,6 +50,7 @@ func TestKubeletPodNetworks(t *testing.T) {
 	c.Install(t, c.Root+"/test/kubelet/overlay-podnetworks")
 	c.CreatePool(t, "default", "10.244.0.0/24", "fd00:244::/120", 4)
 	c.CreatePool(t, "blue", "10.245.0.0/24", "", 4)
+	c.CreatePool(t, "red", "10.246.0.0/24", "", 4)
 	c.WaitNodesReady(t)
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	c.Apply(t, annotated("p1", n1.Name, "pool, blue@net1")+annotated("p2", n2.Name, "pool, blue@net1")+annotated("plain", n1.Name, ""))
@@ -70,6 +76,26 @@ func TestKubeletPodNetworks(t *testing.T) {
 		out, err := c.Env.Kubectl("exec", "p1", "--", "ping", "-c", "1", "-W", "2", blue["p2"])
 		return err == nil && strings.Contains(string(out), " 0% packet loss"), string(out)
 	})
+
+	// A tenant writes any annotation: a network its namespace may not use
+	// is refused (the sandbox fails with skein's error naming both), the
+	// same network works from a namespace its selector admits.
+	c.Apply(t, annotatedIn("intruder", "default", n1.Name, "pool, red@net1"))
+	waitCond(t, 60*time.Second, "the intruder's sandbox refused", func() (bool, string) {
+		out, _ := c.Env.Kubectl("get", "events", "--field-selector", "involvedObject.name=intruder", "-o", "jsonpath={.items[*].message}")
+		return strings.Contains(string(out), `pod network "red" may not be used by pods of namespace "default"`), string(out)
+	})
+	if p := c.Pod(t, "intruder"); len(p.Status.PodIPs) != 0 || p.Status.Phase == "Running" {
+		t.Errorf("the intruder runs with %v", p.Status.PodIPs)
+	}
+	c.Apply(t, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-red\n  labels: {team: red}\n---\n"+
+		annotatedIn("member", "team-red", n1.Name, "pool, red@net1"))
+	c.Kubectl(t, "-n", "team-red", "wait", "--for=condition=Ready", "pod/member", "--timeout=120s")
+	out := c.Kubectl(t, "-n", "team-red", "exec", "member", "--", "ip", "-o", "-4", "addr", "show", "dev", "net1")
+	if m := inet.FindStringSubmatch(out); m == nil || !strings.HasPrefix(m[1], "10.246.0.") {
+		t.Errorf("team-red's pod has no address of the red pool on net1:\n%s", out)
+	}
+	c.Kubectl(t, "delete", "pod", "intruder", "--wait=true", "--timeout=60s")
 
 	before := len(c.Attachments(t, n1))
 	c.Kubectl(t, "delete", "pod", "p1", "--wait=true", "--timeout=60s")
