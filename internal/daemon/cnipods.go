@@ -17,18 +17,71 @@ import (
 	"github.com/skeinnet/skein/internal/netns"
 )
 
-// The CNI meta mode's verbs (podmeta.go has its pure part). A pod's
-// networks are kept by the pod network Manager, keyed by CNI_CONTAINERID,
-// its record owned by "cni:<the CNI network's name>" (written with the
-// first attachment's intent, in the same store write), so that a CNI GC of
-// that network only ever collects pods attached through it, never those
-// of `skeinctl pod attach` or of another CNI network.
+// The CNI meta mode's verbs (podmeta.go has its pure part). The pod
+// network Manager keeps one record per CNI attachment, as CNI identifies
+// one: (CNI_CONTAINERID, the CNI network's name, CNI_IFNAME), so that two
+// conflists for one container, or one conflist on two interfaces, neither
+// merge nor delete each other's interfaces. The plugins still see the
+// container ID. A record is owned by "cni:<the CNI network's name>"
+// (written with the first attachment's intent, in the same store write),
+// so that a CNI GC of that network only ever collects pods attached
+// through it, never those of `skeinctl pod attach` or of another CNI
+// network.
+//
+// Records written before this keying are one per container, stored under
+// its ID with no key (kurma.PodRecord.Key empty). They are still served:
+// such a record answers for the attachments of its owner's network whose
+// CNI_IFNAME is one of its interfaces (legacyMatch).
 
 // cniOwner is the record owner of pods attached through CNI network name.
 func cniOwner(name string) string { return "cni:" + name }
 
+// cniRecordKey is the record key of one CNI attachment. None of the three
+// parts can hold '/' (cni.ValidateContainerID, ValidateNetworkName,
+// ValidateIfName), so a key names one attachment.
+func cniRecordKey(id, network, ifname string) string {
+	return id + "/cni/" + network + "/" + ifname
+}
+
 // inflight key of a meta-mode ADD (apart from the attachment keys).
-func podAddKey(id string) string { return "pods/" + id }
+func podAddKey(key string) string { return "pods/" + key }
+
+// legacyMatch reports whether r, a record of container id, is one written
+// before records were keyed per attachment that answers for attachment
+// (id, network, ifname): made through that network and holding an
+// interface named ifname (the old ADD gave its first network
+// CNI_IFNAME).
+func legacyMatch(r kurma.PodRecord, id, network, ifname string) bool {
+	if r.Key != "" || r.ID != id || r.Owner != cniOwner(network) {
+		return false
+	}
+	return slices.ContainsFunc(r.Attachments, func(a kurma.AttachmentRecord) bool { return a.IfName == ifname })
+}
+
+// recordKey returns the key of the record of a CNI attachment and whether
+// there is one: its own key, or the container's old-format record when
+// that answers for it (legacyMatch).
+func recordKey(ctx context.Context, pods *kurma.Manager, id, network, ifname string) (string, bool, error) {
+	key := cniRecordKey(id, network, ifname)
+	_, err := pods.Record(ctx, key)
+	if err == nil {
+		return key, true, nil
+	}
+	if !errors.Is(err, kurma.ErrUnknownPod) {
+		return "", false, err
+	}
+	old, err := pods.Record(ctx, id)
+	if errors.Is(err, kurma.ErrUnknownPod) {
+		return key, false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if legacyMatch(old, id, network, ifname) {
+		return id, true, nil
+	}
+	return key, false, nil
+}
 
 // podsError maps the Manager's errors onto CNI codes.
 func podsCNIError(err error) error {
@@ -71,10 +124,11 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	if err := s.admitNetworks(ctx, pods.Networks(), sels, req.Args); err != nil {
 		return nil, err
 	}
-	// 3. attach, in order (the Manager rolls back on failure); GC leaves
-	// a pod alone while its ADD runs
-	defer s.d.adds.begin(podAddKey(req.ContainerId))()
-	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns, Networks: sels, Owner: cniOwner(conf.Name)})
+	// 3. attach, in order (the Manager rolls back on failure), into this
+	// attachment's own record; GC leaves it alone while its ADD runs
+	key := cniRecordKey(req.ContainerId, conf.Name, req.Ifname)
+	defer s.d.adds.begin(podAddKey(key))()
+	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, Key: key, NetNS: req.Netns, Networks: sels, Owner: cniOwner(conf.Name)})
 	if err != nil {
 		return nil, podsCNIError(fmt.Errorf("networks from %s: %w", from, err))
 	}
@@ -96,25 +150,31 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	}
 	// Cannot be reported, or the pod's set-up failed: undo, so nothing is
 	// left behind.
-	if derr := pods.Detach(context.WithoutCancel(ctx), req.ContainerId); derr != nil {
+	if _, derr := pods.DetachIf(context.WithoutCancel(ctx), key, nil); derr != nil {
 		s.d.log.Error("undo pod networks after result failure", "container", req.ContainerId, "err", derr)
 	}
 	return nil, err
 }
 
-// delPods detaches all of the pod's networks (idempotent). Without a
-// record of the pod (the store lost it) it still frees the pool addresses
-// held for the container and runs the dels of the networks the DEL names
-// (kurma.Manager.DetachLost).
+// delPods detaches the networks of this CNI attachment's record
+// (idempotent); the container's other attachments stay. Without a record
+// (the store lost it) it still frees the pool addresses held for the
+// container that no record names and runs the dels of the networks the
+// DEL names (kurma.Manager.DetachLost).
 func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest, m metaConf) error {
-	if _, err := s.validateArgs(req, false); err != nil {
+	conf, err := s.validateArgs(req, false)
+	if err != nil {
 		return err
 	}
 	pods, err := s.podsManager()
 	if err != nil {
 		return err
 	}
-	lost := kurma.AttachRequest{ID: req.ContainerId, NetNS: req.Netns}
+	key, _, err := recordKey(ctx, pods, req.ContainerId, conf.Name, req.Ifname)
+	if err != nil {
+		return podsCNIError(err)
+	}
+	lost := kurma.AttachRequest{ID: req.ContainerId, Key: key, NetNS: req.Netns}
 	if sels, _, err := podSelections(m, req.Args, req.Ifname, kurma.Defaults(pods.Networks())); err == nil {
 		lost.Networks = sels
 	}
@@ -141,8 +201,24 @@ func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 }
 
 // detachPodPools removes the attachments skeind's pools made for pod
-// networks of container id (OwnerKurma).
+// networks of container id (OwnerKurma) that no record of the container
+// names: another CNI attachment of the container keeps its own. It runs
+// under the pod's lock (DetachLost), so no attach of the container is
+// between its pool attachment and its record.
 func (s *cniServer) detachPodPools(ctx context.Context, id, nsPath string) error {
+	recs, err := s.d.pods.List(ctx)
+	if err != nil {
+		return err
+	}
+	recorded := map[[2]string]bool{}
+	for _, r := range recs {
+		if r.ID != id {
+			continue
+		}
+		for _, a := range r.Attachments {
+			recorded[[2]string{a.Network, a.IfName}] = true
+		}
+	}
 	atts, err := s.d.st.ListAttachments(ctx)
 	if err != nil {
 		return fmt.Errorf("list attachments: %w", err)
@@ -152,7 +228,7 @@ func (s *cniServer) detachPodPools(ctx context.Context, id, nsPath string) error
 	}
 	var errs []error
 	for _, a := range atts {
-		if a.Owner != OwnerKurma || a.ContainerID != id {
+		if a.Owner != OwnerKurma || a.ContainerID != id || recorded[[2]string{a.Network, a.IfName}] {
 			continue
 		}
 		if _, err := s.d.Detach(ctx, a.AttachmentKey, nsPath); err != nil {
@@ -164,8 +240,9 @@ func (s *cniServer) detachPodPools(ctx context.Context, id, nsPath string) error
 	return errors.Join(errs...)
 }
 
-// checkPods: the pod is recorded, every network attached, every interface
-// present in the pod, and prevResult (when given) names them all.
+// checkPods: the attachment is recorded, every network of its record
+// attached, every interface present in the pod, and prevResult (when
+// given) names them all.
 func (s *cniServer) checkPods(ctx context.Context, req *rpc.CNIRequest) error {
 	conf, err := s.validateArgs(req, true)
 	if err != nil {
@@ -175,9 +252,16 @@ func (s *cniServer) checkPods(ctx context.Context, req *rpc.CNIRequest) error {
 	if err != nil {
 		return err
 	}
-	rec, err := pods.Status(ctx, req.ContainerId)
-	if errors.Is(err, kurma.ErrUnknownPod) {
-		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("container %s has no pod networks", req.ContainerId), "")
+	key, found, err := recordKey(ctx, pods, req.ContainerId, conf.Name, req.Ifname)
+	if err != nil {
+		return podsCNIError(err)
+	}
+	var rec kurma.PodRecord
+	if found {
+		rec, err = pods.Record(ctx, key)
+	}
+	if !found || errors.Is(err, kurma.ErrUnknownPod) {
+		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("container %s has no pod networks from network %q on %s", req.ContainerId, conf.Name, req.Ifname), "")
 	}
 	if err != nil {
 		return podsCNIError(err)
@@ -231,9 +315,13 @@ func (s *cniServer) statusPods(context.Context, *rpc.CNIRequest) error {
 	return nil
 }
 
-// gcPods detaches the pods this CNI network attached that the runtime no
-// longer lists in cni.dev/valid-attachments — not those marked after the
-// request started nor those whose ADD is still running.
+// gcPods detaches the records of the attachments this CNI network made
+// that the runtime no longer lists in cni.dev/valid-attachments (container
+// and ifname) — not those made after the request started nor those whose
+// ADD is still running. A record of the old format (one per container,
+// its CNI_IFNAME unknown for certain) stays while the runtime lists any
+// attachment of its container: keeping a stale record a while is better
+// than removing a live pod's interfaces.
 func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 	since := time.Now()
 	busy := s.d.adds.snapshot()
@@ -245,9 +333,11 @@ func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 	if err != nil {
 		return err
 	}
-	valid := map[string]bool{}
+	valid := map[string]bool{}    // record keys
+	validOld := map[string]bool{} // containers, for old-format records
 	for _, v := range conf.ValidAttachments {
-		valid[v.ContainerID] = true
+		valid[cniRecordKey(v.ContainerID, conf.Name, v.IfName)] = true
+		validOld[v.ContainerID] = true
 	}
 	recs, err := pods.List(ctx)
 	if err != nil {
@@ -255,20 +345,25 @@ func (s *cniServer) gcPods(ctx context.Context, req *rpc.CNIRequest) error {
 	}
 	var errs []error
 	for _, r := range recs {
-		if r.Owner != cniOwner(conf.Name) || valid[r.ID] || busy[podAddKey(r.ID)] || !r.Created.Before(since) {
+		key := r.StoreKey()
+		keep := valid[key]
+		if r.Key == "" {
+			keep = validOld[r.ID]
+		}
+		if r.Owner != cniOwner(conf.Name) || keep || busy[podAddKey(key)] || !r.Created.Before(since) {
 			continue
 		}
 		// Checked again under the pod's lock: it may have been deleted
 		// and added again since the list.
-		detached, err := pods.DetachIf(ctx, r.ID, func(cur kurma.PodRecord) bool {
+		detached, err := pods.DetachIf(ctx, key, func(cur kurma.PodRecord) bool {
 			return cur.Owner == cniOwner(conf.Name) && cur.Created.Before(since)
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", r.ID, err))
+			errs = append(errs, fmt.Errorf("pod record %s: %w", key, err))
 			continue
 		}
 		if detached {
-			s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "network", conf.Name)
+			s.d.log.Info("gc: detached stale pod networks", "container", r.ID, "record", key, "network", conf.Name)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

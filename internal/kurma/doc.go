@@ -39,9 +39,11 @@
 //
 // # Records
 //
-// Every attachment is recorded in skeind's store (Meta bucket MetaKind,
-// one PodRecord per pod) before its add runs, and completed with the result
-// after. A del always runs from the record: the same config bytes and image
+// Every attachment is recorded in skeind's store (Meta bucket MetaKind)
+// before its add runs, and completed with the result after. A pod has one
+// PodRecord under its ID, or several under keys of the caller's
+// (AttachRequest.Key: the CNI meta mode keeps one per CNI attachment),
+// each detached on its own. A del always runs from the record: the same config bytes and image
 // digest the add had, so it works after a restart of skeind and after the
 // network left the config. Recover rolls back adds a crash interrupted;
 // images are pruned when no record names them.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -243,6 +244,12 @@ func ParseSelection(s string) (Selection, error) {
 type AttachRequest struct {
 	// ID is the container (pod) UUID: the plugins' key for its state.
 	ID string
+	// Key is the record the attachments go to: "" or ID for the pod's one
+	// record, or ID/… when a front door keeps several records of one pod
+	// (the CNI meta mode keeps one per CNI attachment). Each record is
+	// detached on its own; calls for one pod run one at a time, whatever
+	// the record.
+	Key string
 	// NetNS is the pod's pinned network namespace (not a /proc path).
 	NetNS string
 	// Networks to attach, in order; empty = the default networks.
@@ -250,6 +257,14 @@ type AttachRequest struct {
 	// Owner, when the pod has no record yet, is kept in it (PodRecord.Owner):
 	// which front door made it (the CNI meta mode's GC collects only its own).
 	Owner string
+}
+
+// key is the request's record key.
+func (r AttachRequest) key() string {
+	if r.Key == "" {
+		return r.ID
+	}
+	return r.Key
 }
 
 // Skipped is an optional network whose add failed.
@@ -313,6 +328,13 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	if err := checkPod(req.ID, req.NetNS); err != nil {
 		return res, err
 	}
+	key := req.key()
+	if err := checkKey(key); err != nil {
+		return res, err
+	}
+	if podOfKey(key) != req.ID {
+		return res, fmt.Errorf("%w: record key %q is not one of pod %s", ErrBadRequest, key, req.ID)
+	}
 	if m.checkNS != nil {
 		if err := m.checkNS(req.NetNS); err != nil {
 			return res, fmt.Errorf("%w: %w", ErrBadRequest, err)
@@ -322,7 +344,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	defer unlock()
 
 	// Step 1: the record so far and the plan; no side effects yet.
-	rec, found, err := m.getRecord(ctx, req.ID)
+	rec, found, err := m.getRecord(ctx, key)
 	if err != nil {
 		return res, err
 	}
@@ -330,7 +352,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 		return res, fmt.Errorf("%w: pod %s is attached with netns %s, not %s", ErrBadRequest, req.ID, rec.NetNS, req.NetNS)
 	}
 	if !found {
-		rec = PodRecord{ID: req.ID, NetNS: req.NetNS, Owner: req.Owner, Created: time.Now().UTC()}
+		rec = PodRecord{ID: req.ID, Key: key, NetNS: req.NetNS, Owner: req.Owner, Created: time.Now().UTC()}
 	}
 	plan, err := m.plan(req, rec)
 	if err != nil {
@@ -653,27 +675,48 @@ func (m *Manager) detachOne(ctx context.Context, rec *PodRecord, a AttachmentRec
 	return delErr
 }
 
-// Detach removes all of a pod's networks, in reverse order of attachment,
-// each del from its record (the config and image it was added with). It is
-// idempotent: a pod without a record is already detached. If some del
-// fails, the others still run, the failed ones stay recorded, and the
-// error lists them.
+// Detach removes all of a pod's networks, those of every record of the
+// pod, each record's in reverse order of attachment, each del from its
+// record (the config and image it was added with). It is idempotent: a pod
+// without a record is already detached. If some del fails, the others
+// still run, the failed ones stay recorded, and the error lists them.
 func (m *Manager) Detach(ctx context.Context, id string) error {
-	_, err := m.DetachIf(ctx, id, nil)
-	return err
+	if err := checkPod(id, ""); err != nil {
+		return err
+	}
+	recs, err := m.listRecords(ctx)
+	if err != nil {
+		return err
+	}
+	keys := []string{id}
+	for _, r := range recs {
+		if r.ID == id && r.StoreKey() != id {
+			keys = append(keys, r.StoreKey())
+		}
+	}
+	var errs []error
+	for _, k := range keys {
+		if _, err := m.DetachIf(ctx, k, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
-// DetachIf is Detach when still, given the pod's record as it is once the
-// pod's calls are serialized, says so (nil: always). A collector checks
+// DetachIf detaches the networks of the record stored under key (a pod's
+// ID or an AttachRequest.Key) when still, given the record as it is once
+// the pod's calls are serialized, says so (nil: always). A collector checks
 // there that the record it decided on is the one it removes, not the same
-// pod attached again since. It reports whether it detached.
-func (m *Manager) DetachIf(ctx context.Context, id string, still func(PodRecord) bool) (bool, error) {
-	return m.detach(ctx, id, still, nil)
+// pod attached again since. It reports whether it detached; a key with no
+// record is already detached.
+func (m *Manager) DetachIf(ctx context.Context, key string, still func(PodRecord) bool) (bool, error) {
+	return m.detach(ctx, key, still, nil)
 }
 
-// DetachLost is Detach for a front door that knows what the pod asked for
-// (the CNI meta mode's DEL, which may come after the store lost the
-// record). With a record it is Detach. Without one it frees what it still
+// DetachLost is DetachIf of req's record for a front door that knows what
+// the pod asked for (the CNI meta mode's DEL, which may come after the
+// store lost the record). With a record it is DetachIf. Without one it
+// frees what it still
 // can, under the pod's lock (no attach of the pod runs meanwhile): first
 // orphans (the caller's: what skeind's own pools hold for the pod), then,
 // in reverse order, a del of each image network of req.Networks (the
@@ -681,7 +724,7 @@ func (m *Manager) DetachIf(ctx context.Context, id string, still func(PodRecord)
 // del is idempotent; the network may have changed since). A pod in no
 // config and no record has nothing left to do.
 func (m *Manager) DetachLost(ctx context.Context, req AttachRequest, orphans func(context.Context) error) error {
-	_, err := m.detach(ctx, req.ID, nil, func() error {
+	_, err := m.detach(ctx, req.key(), nil, func() error {
 		var err error
 		if orphans != nil {
 			err = orphans(ctx)
@@ -733,15 +776,16 @@ func (m *Manager) delUnrecorded(ctx context.Context, req AttachRequest) {
 	}
 }
 
-// detach is DetachIf; lost, when set, runs under the pod's lock if the pod
-// has no record.
-func (m *Manager) detach(ctx context.Context, id string, still func(PodRecord) bool, lost func() error) (bool, error) {
-	if err := checkPod(id, ""); err != nil {
+// detach is DetachIf; lost, when set, runs under the pod's lock if there
+// is no record under key.
+func (m *Manager) detach(ctx context.Context, key string, still func(PodRecord) bool, lost func() error) (bool, error) {
+	if err := checkKey(key); err != nil {
 		return false, err
 	}
+	id := podOfKey(key)
 	unlock := m.locks.Lock(id)
 	defer unlock()
-	rec, found, err := m.getRecord(ctx, id)
+	rec, found, err := m.getRecord(ctx, key)
 	if err == nil && !found && lost != nil {
 		err = lost()
 	}
@@ -765,7 +809,9 @@ func (m *Manager) detach(ctx context.Context, id string, still func(PodRecord) b
 	return true, errors.Join(errs...)
 }
 
-// Status returns the pod's record; ErrUnknownPod when it has none.
+// Status returns the pod's networks: its record, or when it has several
+// (AttachRequest.Key), one record holding the attachments of them all, in
+// the order they were made. ErrUnknownPod when it has none.
 func (m *Manager) Status(ctx context.Context, id string) (PodRecord, error) {
 	if err := checkPod(id, ""); err != nil {
 		return PodRecord{}, err
@@ -774,8 +820,41 @@ func (m *Manager) Status(ctx context.Context, id string) (PodRecord, error) {
 	if err != nil {
 		return rec, err
 	}
+	recs, err := m.listRecords(ctx)
+	if err != nil {
+		return PodRecord{}, err
+	}
+	for _, r := range recs {
+		if r.ID != id || r.StoreKey() == id {
+			continue
+		}
+		if !found {
+			rec, found = PodRecord{ID: id, NetNS: r.NetNS, Owner: r.Owner, Created: r.Created}, true
+		}
+		rec.Attachments = append(rec.Attachments, r.Attachments...)
+		if r.Created.Before(rec.Created) {
+			rec.Created = r.Created
+		}
+	}
 	if !found {
 		return rec, fmt.Errorf("pod %s: %w", id, ErrUnknownPod)
+	}
+	slices.SortStableFunc(rec.Attachments, func(a, b AttachmentRecord) int { return a.Created.Compare(b.Created) })
+	return rec, nil
+}
+
+// Record returns the record stored under key (a pod's ID or an
+// AttachRequest.Key); ErrUnknownPod when there is none.
+func (m *Manager) Record(ctx context.Context, key string) (PodRecord, error) {
+	if err := checkKey(key); err != nil {
+		return PodRecord{}, err
+	}
+	rec, found, err := m.getRecord(ctx, key)
+	if err != nil {
+		return rec, err
+	}
+	if !found {
+		return rec, fmt.Errorf("pod record %s: %w", key, ErrUnknownPod)
 	}
 	return rec, nil
 }
@@ -796,7 +875,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	var errs []error
 	for _, r := range recs {
 		unlock := m.locks.Lock(r.ID)
-		rec, found, err := m.getRecord(ctx, r.ID)
+		rec, found, err := m.getRecord(ctx, r.StoreKey())
 		if err == nil && found {
 			for i := len(rec.Attachments) - 1; i >= 0; i-- {
 				if a := rec.Attachments[i]; a.State == StateAdding {
@@ -815,9 +894,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// GC detaches every pod for which keep returns false and that was created
-// before since (a pod attached after the caller took its list is not
-// garbage). It returns the pods detached.
+// GC detaches every pod record for which keep (given the pod's ID)
+// returns false and that was created before since (a pod attached after
+// the caller took its list is not garbage). It returns the pods detached.
 func (m *Manager) GC(ctx context.Context, since time.Time, keep func(id string) bool) ([]string, error) {
 	recs, err := m.listRecords(ctx)
 	if err != nil {
@@ -829,7 +908,7 @@ func (m *Manager) GC(ctx context.Context, since time.Time, keep func(id string) 
 		if keep(r.ID) || !r.Created.Before(since) {
 			continue
 		}
-		detached, err := m.DetachIf(ctx, r.ID, func(cur PodRecord) bool { return cur.Created.Before(since) })
+		detached, err := m.DetachIf(ctx, r.StoreKey(), func(cur PodRecord) bool { return cur.Created.Before(since) })
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -855,10 +934,10 @@ func (m *Manager) prune(ctx context.Context) {
 	}
 	// A record that does not decode may name any image: prune nothing.
 	var recs []PodRecord
-	for id, b := range all {
+	for key, b := range all {
 		var r PodRecord
 		if err := json.Unmarshal(b, &r); err != nil {
-			m.log.Warn("image prune skipped: a pod record does not decode", "pod", id, "err", err)
+			m.log.Warn("image prune skipped: a pod record does not decode", "key", key, "err", err)
 			return
 		}
 		recs = append(recs, r)

@@ -1,6 +1,7 @@
 package kurma
 
 import (
+	"encoding/json"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -162,7 +163,14 @@ func TestMetaDelNoRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = st.PutMeta(ctx(t), "kurma-pods", "lost-1", nil)
+	// Every record of the container, whatever its key.
+	all, err := st.ListMeta(ctx(t), "kurma-pods")
+	for key, b := range all {
+		var r struct{ ID string }
+		if err == nil && json.Unmarshal(b, &r) == nil && r.ID == "lost-1" {
+			err = st.PutMeta(ctx(t), "kurma-pods", key, nil)
+		}
+	}
 	st.Close()
 	if err != nil {
 		t.Fatal(err)
