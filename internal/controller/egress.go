@@ -21,7 +21,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
@@ -63,6 +65,9 @@ func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&skeinv1.Egress{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
+		// A namespace's AnnotationAllowCustomEgressPods given or taken
+		// away: its Egresses are checked again.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.egressesOfNamespace)).
 		Named("egress").
 		WithOptions(queueOptions()).
 		Complete(countErrors("egress", r))
@@ -70,6 +75,19 @@ func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	return mgr.Add(manager.RunnableFunc(r.syncBindingAtStart))
+}
+
+// egressesOfNamespace lists the Egresses of namespace obj.
+func (r *EgressReconciler) egressesOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+	var list skeinv1.EgressList
+	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetName())); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, eg := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&eg)})
+	}
+	return reqs
 }
 
 // EgressSelector is the label set of an Egress's router pods, the
@@ -117,6 +135,16 @@ func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		errs = append(errs, err)
 	}
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: eg.Name, Namespace: eg.Namespace}}
+	if err := r.templateAllowed(ctx, eg, r.image()); err != nil {
+		// The routers are not written (nor changed, if they run) until
+		// the template is fixed or its namespace allowed: an edit of
+		// either reconciles again.
+		r.event(eg, ReasonEgressTemplateRefused, "%v", err)
+		if err := errors.Join(errs...); err != nil {
+			return requeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
+		}
+		return ctrl.Result{}, nil
+	}
 	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
 		return r.mutateDeployment(eg, dep)
 	}); err != nil {
@@ -196,10 +224,7 @@ func defaultStrategy() appsv1.DeploymentStrategy {
 // podTemplate is the router pod template of eg: the defaults, with
 // spec.template's overrides merged in.
 func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
-	image := r.Image
-	if image == "" {
-		image = DefaultEgressImage
-	}
+	image := r.image()
 	var over skeinv1.EgressPodTemplate
 	if eg.Spec.Template != nil {
 		over = *eg.Spec.Template.DeepCopy()
@@ -257,6 +282,14 @@ func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpe
 		t.Spec.Containers = append([]corev1.Container{base}, t.Spec.Containers...)
 	}
 	return t
+}
+
+// image is the routers' image: --egress-image, or DefaultEgressImage.
+func (r *EgressReconciler) image() string {
+	if r.Image == "" {
+		return DefaultEgressImage
+	}
+	return r.Image
 }
 
 // mutateService makes svc the UDP front of eg's routers; the API server

@@ -298,7 +298,9 @@ func TestEgressTemplateRollsOut(t *testing.T) {
 	})
 
 	// Change the template: drop the annotation, override the router's
-	// image and resources, add a sidecar, set a strategy.
+	// image and resources, add a sidecar, set a strategy. An image and a
+	// sidecar of the Egress's choosing need its namespace's allowance.
+	allowCustomPods(t, c, egressNS, "true")
 	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
 		eg.Spec.Template = &skeinv1.EgressPodTemplate{
 			Metadata: skeinv1.EgressPodMetadata{Labels: map[string]string{"team": "net"}},
@@ -659,4 +661,147 @@ func TestEgressDeletedRemovesOwned(t *testing.T) {
 	}
 	eventually(t, "second's Deployment and Service collected", gone(second))
 	eventually(t, "no account, no subject", access(nil, nil))
+}
+
+// allowCustomPods sets (or, with "", removes) the namespace's
+// AnnotationAllowCustomEgressPods, as an administrator does.
+func allowCustomPods(t *testing.T, c client.Client, namespace, value string) {
+	t.Helper()
+	var ns corev1.Namespace
+	if err := c.Get(context.Background(), client.ObjectKey{Name: namespace}, &ns); err != nil {
+		t.Fatal(err)
+	}
+	if ns.Annotations == nil {
+		ns.Annotations = map[string]string{}
+	}
+	if value == "" {
+		delete(ns.Annotations, AnnotationAllowCustomEgressPods)
+	} else {
+		ns.Annotations[AnnotationAllowCustomEgressPods] = value
+	}
+	if err := c.Update(context.Background(), &ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTemplateViolations(t *testing.T) {
+	const img = "skein:dev"
+	cases := []struct {
+		name string
+		spec corev1.PodSpec
+		bad  bool
+	}{
+		{"empty", corev1.PodSpec{}, false},
+		{"node selector, tolerations, resources of the router", corev1.PodSpec{
+			NodeSelector: map[string]string{"egress": "true"},
+			Tolerations:  []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers:   []corev1.Container{{Name: "egress", Image: img, Env: []corev1.EnvVar{{Name: "A", Value: "b"}}}},
+		}, false},
+		{"the controller's account spelled out", corev1.PodSpec{ServiceAccountName: EgressServiceAccount}, false},
+		{"a user namespace", corev1.PodSpec{HostUsers: ptr.To(false)}, false},
+		{"hostNetwork", corev1.PodSpec{HostNetwork: true}, true},
+		{"hostPID", corev1.PodSpec{HostPID: true}, true},
+		{"hostIPC", corev1.PodSpec{HostIPC: true}, true},
+		{"hostUsers", corev1.PodSpec{HostUsers: ptr.To(true)}, true},
+		{"hostPath", corev1.PodSpec{Volumes: []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}}, true},
+		{"another account", corev1.PodSpec{ServiceAccountName: "admin"}, true},
+		{"another account, old field", corev1.PodSpec{DeprecatedServiceAccount: "admin"}, true},
+		{"a sidecar", corev1.PodSpec{Containers: []corev1.Container{{Name: "sidecar", Image: img}}}, true},
+		{"an init container", corev1.PodSpec{InitContainers: []corev1.Container{{Name: "init", Image: img}}}, true},
+		{"another image", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", Image: "evil/egress:1"}}}, true},
+		{"privileged router", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}}, true},
+		{"a command of its own", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", Command: []string{"sh"}}}}, true},
+		{"pod securityContext", corev1.PodSpec{SecurityContext: &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](0)}}, true},
+	}
+	for _, tc := range cases {
+		eg := newEgress("x", "198.51.100.0/24")
+		eg.Spec.Template = &skeinv1.EgressPodTemplate{Spec: tc.spec}
+		if v := templateViolations(eg, img); (len(v) > 0) != tc.bad {
+			t.Errorf("%s: violations %v, want refused=%v", tc.name, v, tc.bad)
+		}
+	}
+}
+
+// TestEgressTemplatePolicy: an Egress author cannot get through the
+// controller what they could not create themselves. A template with a
+// hostPath and hostNetwork in a namespace without the administrator's
+// allowance gets no Deployment (a TemplateRefused event says why); the
+// allowance, given later, lets it run; taken away, the routers stay as
+// they are while a new refused change is not applied.
+func TestEgressTemplatePolicy(t *testing.T) {
+	_, c := startEgress(t, Options{})
+	ctx := context.Background()
+	eg := newEgress("rooted", "198.51.100.0/24")
+	eg.Spec.Template = &skeinv1.EgressPodTemplate{Spec: corev1.PodSpec{
+		HostNetwork: true,
+		Volumes:     []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}},
+	}}
+	if err := c.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a TemplateRefused event", func() string {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(egressNS)); err != nil {
+			return err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Reason == ReasonEgressTemplateRefused && e.Regarding.Name == "rooted" &&
+				strings.Contains(e.Note, "hostPath volume \"root\"") && strings.Contains(e.Note, AnnotationAllowCustomEgressPods) {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%d events, none TemplateRefused for rooted", len(evs.Items))
+	})
+	var dep appsv1.Deployment
+	if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "rooted"}, &dep); !apierrors.IsNotFound(err) {
+		t.Fatalf("a Deployment of the refused template: %v %+v", err, dep.Spec.Template.Spec)
+	}
+	// The Service is the clients' and needs no router pods: it is there.
+	var svc corev1.Service
+	eventually(t, "the Service", func() string {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: "rooted"}, &svc); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+
+	allowCustomPods(t, c, egressNS, "true")
+	eventually(t, "the Deployment once allowed", func() string {
+		d, msg := getDeployment(t, c, "rooted")
+		if msg != "" {
+			return msg
+		}
+		if !d.Spec.Template.Spec.HostNetwork {
+			return "hostNetwork not applied"
+		}
+		return ""
+	})
+
+	// Allowance taken away: a new change asking for more is refused (its
+	// event names it) and not applied; the routers stay as they were.
+	allowCustomPods(t, c, egressNS, "")
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
+		eg.Spec.Template.Spec.Containers = []corev1.Container{{Name: "sneaky", Image: "evil/tool:1"}}
+	})
+	eventually(t, "the sidecar refused", func() string {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(egressNS)); err != nil {
+			return err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Reason == ReasonEgressTemplateRefused && strings.Contains(e.Note, `container "sneaky"`) {
+				return ""
+			}
+		}
+		return "no TemplateRefused event naming the sidecar"
+	})
+	d, msg := getDeployment(t, c, "rooted")
+	if msg != "" {
+		t.Fatal(msg)
+	}
+	for _, ct := range d.Spec.Template.Spec.Containers {
+		if ct.Name == "sneaky" {
+			t.Errorf("the refused sidecar is in the Deployment")
+		}
+	}
 }

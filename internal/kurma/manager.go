@@ -763,17 +763,40 @@ func (m *Manager) delUnrecorded(ctx context.Context, req AttachRequest) {
 		}
 		m.mu.Unlock()
 		var err error
-		if n.Ref.Pinned() || digest != n.Ref.Digest.String() {
+		switch {
+		case n.Ref.Pinned() || digest != n.Ref.Digest.String():
 			a := AttachmentRecord{Network: n.Name, IfName: ifname, Config: n.Raw, Image: n.Image,
 				Digest: digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
 			err = m.del(ctx, &rec, a)
-		} else {
+		case n.Ref.Scheme == image.SchemeFile:
+			// An unpinned local archive, pruned with the record that
+			// was lost: reading it again needs no network, only its
+			// timeout.
+			err = m.delLostLocal(ctx, &rec, n, ifname)
+		default:
 			err = fmt.Errorf("image %s: not pinned and not in use: %w", n.Image, ErrImageGone)
 		}
 		if err != nil {
 			m.log.Warn("del of an unrecorded pod network failed", "pod", req.ID, "network", n.Name, "err", err)
 		}
 	}
+}
+
+// delLostLocal runs network n's del for a pod without a record when n's
+// image is an unpinned file:// archive no longer in the cache: the
+// archive is read again (bounded by n's timeout), the del run, the image
+// released.
+func (m *Manager) delLostLocal(ctx context.Context, rec *PodRecord, n Network, ifname string) error {
+	tctx, cancel := context.WithTimeout(ctx, n.Timeout)
+	st, release, err := m.ensure(tctx, n)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("image %s: read it again for the del: %w", n.Image, err)
+	}
+	defer release()
+	a := AttachmentRecord{Network: n.Name, IfName: ifname, Config: n.Raw, Image: n.Image,
+		Digest: st.img.Digest, Insecure: n.Ref.Insecure, Timeout: n.Timeout}
+	return m.del(ctx, rec, a)
 }
 
 // detach is DetachIf; lost, when set, runs under the pod's lock if there

@@ -352,6 +352,9 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 	)
 	table := map[string][]access{
 		"skein-controller": {
+			// An Egress's namespace's allow-custom-pods annotation.
+			{"watch", "namespaces", "", "", true},
+			{"update", "namespaces", "", "", false},
 			{"get", pools, "", "", true},
 			{"watch", pools, "", "", true},
 			{"update", pools, "", "", true}, // the pool's finalizer
