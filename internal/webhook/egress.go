@@ -112,3 +112,30 @@ func (v *egressValidator) ValidateUpdate(ctx context.Context, _, eg *skeinv1.Egr
 func (v *egressValidator) ValidateDelete(context.Context, *skeinv1.Egress) (admission.Warnings, error) {
 	return nil, nil
 }
+
+// validatePoolEgresses refuses a pool whose subnets overlap a destination
+// of an Egress that does not set allowPoolOverlap (a default route
+// excepted, as in ValidateEgress): pod-to-pod traffic into the pool would
+// otherwise leave through that Egress's gateway, whichever came first.
+func validatePoolEgresses(pool *skeinv1.AddressPool, egs []skeinv1.Egress) field.ErrorList {
+	var errs field.ErrorList
+	mine := prefixes(pool)
+	for i := range egs {
+		eg := &egs[i]
+		if eg.Spec.AllowPoolOverlap {
+			continue
+		}
+		var specific []netip.Prefix
+		for _, d := range eg.Spec.Destinations {
+			if p, err := netip.ParsePrefix(d); err == nil && p.Bits() > 0 {
+				specific = append(specific, p.Masked())
+			}
+		}
+		if a, b, ok := ipam.Overlaps(mine, specific); ok {
+			errs = append(errs, field.Invalid(field.NewPath("spec", "subnets"), a.String(),
+				fmt.Sprintf("%s overlaps destination %s of Egress %s/%s: pod traffic into this pool would leave through that gateway; set allowPoolOverlap: true on the Egress if that is meant",
+					a, b, eg.Namespace, eg.Name)))
+		}
+	}
+	return errs
+}

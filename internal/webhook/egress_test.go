@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
@@ -96,4 +97,22 @@ func TestEgressWebhookThroughAPIServer(t *testing.T) {
 	if err := c.Create(ctx, wide); err != nil {
 		t.Errorf("egress with allowPoolOverlap refused: %v", err)
 	}
+
+	// The reverse: a pool made after an Egress, inside its destinations,
+	// is refused (pod traffic into it would leave through the gateway);
+	// the Egress that allows overlaps (wide, 10.0.0.0/8) does not count.
+	const poolDenied = `admission webhook "addresspools.skein.dev" denied the request`
+	refused(t, "pool inside an egress's destinations", c.Create(ctx, pool("late", 5, skeinv1.SubnetSet{IPv4: ptr.To("192.0.2.64/26")})), poolDenied)
+	refused(t, "pool inside an egress's destinations", c.Create(ctx, pool("late", 5, skeinv1.SubnetSet{IPv6: ptr.To("2001:db8:1::/112")})), `overlaps destination 2001:db8::/32 of Egress apps/ok`)
+	if err := c.Create(ctx, pool("beside", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.70.0.0/24")})); err != nil {
+		t.Errorf("a pool overlapping only an Egress with allowPoolOverlap was refused: %v", err)
+	}
+	// A pool grown into an Egress's destinations, too.
+	beside := &skeinv1.AddressPool{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "beside"}, beside); err != nil {
+		t.Fatal(err)
+	}
+	v4 := "192.0.2.0/27"
+	beside.Spec.Subnets = append(beside.Spec.Subnets, skeinv1.SubnetSet{IPv4: &v4})
+	refused(t, "pool grown into an egress's destinations", c.Update(ctx, beside), "of Egress apps/ok")
 }

@@ -164,6 +164,9 @@ func (v *poolValidator) ValidateCreate(ctx context.Context, pool *skeinv1.Addres
 	if err := ValidateCreate(pool, others); err != nil {
 		return nil, err
 	}
+	if err := v.egresses(ctx, pool); err != nil {
+		return nil, err
+	}
 	return nil, v.leftBlocks(ctx, pool)
 }
 
@@ -175,7 +178,21 @@ func (v *poolValidator) ValidateUpdate(ctx context.Context, old, pool *skeinv1.A
 	if err := ValidateUpdate(old, pool, others); err != nil {
 		return nil, err
 	}
+	if err := v.egresses(ctx, pool); err != nil {
+		return nil, err
+	}
 	return nil, v.leftBlocks(ctx, pool)
+}
+
+// egresses refuses pool when its subnets overlap an Egress's destinations
+// (validatePoolEgresses): the reverse of the Egress webhook's check, for
+// a pool made after the Egress. Egresses are read from the API server.
+func (v *poolValidator) egresses(ctx context.Context, pool *skeinv1.AddressPool) error {
+	var egs skeinv1.EgressList
+	if err := v.reader.List(ctx, &egs); err != nil {
+		return fmt.Errorf("list Egresses to check their destinations for overlaps: %w", err)
+	}
+	return invalid(pool, validatePoolEgresses(pool, egs.Items))
 }
 
 // leftBlocks refuses pool when it overlaps a block of another pool (see
