@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,6 +74,17 @@ type EgressSpec struct {
 	// AddressPools (e.g. to reach another cluster's pods through NAT).
 	// +optional
 	AllowPoolOverlap bool `json:"allowPoolOverlap,omitempty"`
+
+	// ClientNamespaces are the namespaces, besides the Egress's own, whose
+	// pods may use it ("*": every namespace). A pod annotated for an
+	// Egress that does not serve its namespace gets no tunnel, and the
+	// routers do not accept its packets.
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:XValidation:rule="self == '*' || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="each entry must be a namespace name or *"
+	// +listType=atomic
+	// +optional
+	ClientNamespaces []string `json:"clientNamespaces,omitempty"`
 
 	// Replicas is the number of router pods (the scale subresource's
 	// spec.replicas).
@@ -156,4 +169,10 @@ type EgressList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Egress `json:"items"`
+}
+
+// Serves reports whether pods of namespace ns may use the Egress: its own
+// namespace's, and those spec.clientNamespaces lists ("*" lists all).
+func (eg *Egress) Serves(ns string) bool {
+	return ns == eg.Namespace || slices.Contains(eg.Spec.ClientNamespaces, ns) || slices.Contains(eg.Spec.ClientNamespaces, "*")
 }

@@ -134,7 +134,7 @@ func startNode(t *testing.T) *node {
 	if err := c.Create(ctx, kubenode.DefaultPool.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
-	for _, ns := range []string{"app", "gw"} {
+	for _, ns := range []string{"app", "gw", "stranger"} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
@@ -288,7 +288,7 @@ func (n *node) annotate(t *testing.T, ns, name, key string, value *string) {
 func (n *node) createEgress(t *testing.T, name, sport string, dsts ...string) []netip.Addr {
 	t.Helper()
 	eg := &skeinv1.Egress{ObjectMeta: metav1.ObjectMeta{Namespace: "gw", Name: name},
-		Spec: skeinv1.EgressSpec{Destinations: dsts, FoUSourcePort: sport}}
+		Spec: skeinv1.EgressSpec{Destinations: dsts, FoUSourcePort: sport, ClientNamespaces: []string{"app"}}}
 	if err := n.c.Create(context.Background(), eg); err != nil {
 		t.Fatal(err)
 	}
@@ -432,6 +432,16 @@ func TestKubernetesPods(t *testing.T) {
 	n.createPod(t, "app", "web", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": " nat "})
 	if err := n.add(t, cniReq("app", "web", web.Path())); err != nil {
 		t.Fatalf("ADD of a pod naming Egress gw/nat: %v", err)
+	}
+	// A pod of a namespace the Egress does not serve writes the same
+	// annotation: refused, nothing applied.
+	intruder := harness.NewNS(t, "pod")
+	n.createPod(t, "stranger", "intruder", map[string]string{skeinv1.AnnotationEgressPrefix + "gw": "nat"})
+	if err := n.add(t, cniReq("stranger", "intruder", intruder.Path())); err == nil || !strings.Contains(err.Error(), `does not serve pods of namespace "stranger"`) {
+		t.Errorf("ADD of a pod of another namespace naming Egress gw/nat: %v, want refused", err)
+	}
+	if got := n.rec.of(intruder.Path()); len(got) != 0 {
+		t.Errorf("the intruder got tunnels: %+v", got)
 	}
 	natGW := gateway("nat", natIPs, true, "0.0.0.0/0", "2001:db8::/32")
 	nat2GW := gateway("nat2", nat2IPs, false, "198.51.100.0/24")
@@ -630,7 +640,7 @@ func TestKubernetesPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := n.c.Create(context.Background(), &skeinv1.Egress{ObjectMeta: metav1.ObjectMeta{Namespace: "gw", Name: "headless"},
-		Spec: skeinv1.EgressSpec{Destinations: []string{"192.0.2.0/24"}}}); err != nil {
+		Spec: skeinv1.EgressSpec{Destinations: []string{"192.0.2.0/24"}, ClientNamespaces: []string{"app"}}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

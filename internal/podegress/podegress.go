@@ -369,6 +369,12 @@ func (c *Client) desired(ctx context.Context, pod *corev1.Pod) (cfg egress.Clien
 			problems = append(problems, fmt.Errorf("Egress %s is being deleted", k))
 			continue
 		}
+		if !eg.Serves(pod.Namespace) {
+			// The annotation is the pod owner's to write: it never
+			// decides alone.
+			problems = append(problems, fmt.Errorf("Egress %s does not serve pods of namespace %q (its spec.clientNamespaces)", k, pod.Namespace))
+			continue
+		}
 		svc := &corev1.Service{}
 		if err := c.cache.Get(ctx, k, svc); err != nil {
 			if apierrors.IsNotFound(err) {

@@ -106,6 +106,8 @@ func TestEgressCluster(t *testing.T) {
 				Destinations:  []string{extDst4.String(), extDst6.String()},
 				Replicas:      ptr.To[int32](2),
 				FoUSourcePort: port,
+				// The clients are in another namespace than the Egress.
+				ClientNamespaces: []string{clientNS},
 			},
 		}
 		if err := c.Create(ctx, eg); err != nil {

@@ -97,6 +97,8 @@ type Agent struct {
 	dpMu  sync.Mutex
 	dp    Dataplane // nil until the Egress is known
 	dpCfg DataplaneConfig
+	// serves is the namespaces' filter of the last sync (Egress.Serves).
+	serves func(namespace string) bool
 	// waitLogged: "waiting for the Egress" was logged (once is enough).
 	waitLogged bool
 	ready      atomic.Bool
@@ -249,7 +251,19 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 				"outInterface", cfg.OutInterface, "sourcePortAuto", cfg.SourcePortAuto)
 		}
 	}
-	addrs, pods := a.peers.snapshot()
+	// Only pods of the namespaces the Egress serves are peers: another
+	// namespace's pod annotated for it is no client (its packets are
+	// dropped as a stranger's). With the Egress gone (deleted, its routers
+	// not yet), the namespaces it served last.
+	serves := a.serves
+	if serves == nil {
+		serves = func(ns string) bool { return ns == a.o.Namespace }
+	}
+	if eg != nil {
+		serves = eg.Serves
+	}
+	a.serves = serves
+	addrs, pods := a.peers.snapshot(serves)
 	peers := a.families(addrs)
 	start := time.Now()
 	if err := a.dp.SyncPeers(peers); err != nil {

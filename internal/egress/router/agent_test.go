@@ -131,7 +131,7 @@ func startResync(t *testing.T, failing int, resync time.Duration) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ns := range []string{egNS, "apps", "web"} {
+	for _, ns := range []string{egNS, "apps", "web", "stranger"} {
 		if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +171,8 @@ func (r *rig) createEgress(t *testing.T, mode string) *skeinv1.Egress {
 	t.Helper()
 	eg := &skeinv1.Egress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: egName},
-		Spec:       skeinv1.EgressSpec{Destinations: []string{"0.0.0.0/0"}, FoUSourcePort: mode},
+		// Clients in "apps" and "web"; "stranger" is not served.
+		Spec: skeinv1.EgressSpec{Destinations: []string{"0.0.0.0/0"}, FoUSourcePort: mode, ClientNamespaces: []string{"apps", "web"}},
 	}
 	if err := r.c.Create(context.Background(), eg); err != nil {
 		t.Fatal(err)
@@ -306,6 +307,8 @@ func TestPeersFollowPods(t *testing.T) {
 	r.createPod(t, "apps", "failed", use("nat"), false, corev1.PodFailed, "10.1.0.6")
 	d := r.createPod(t, egNS, "no-ip", use("nat"), false, corev1.PodPending)
 	r.createPod(t, "web", "prefix", use("nat2"), false, corev1.PodRunning, "10.1.0.7")
+	// Annotated, but of a namespace the Egress does not serve.
+	r.createPod(t, "stranger", "intruder", use("nat"), false, corev1.PodRunning, "10.1.0.9")
 	r.wantPeers(t, "clients among non-clients", "10.1.0.1", "10.1.0.2", "fd01::1")
 
 	// The pod without addresses gets one.
@@ -554,7 +557,7 @@ func TestRunStopsInformersOnError(t *testing.T) {
 	// A client appearing now must not reach the stopped agent's pod set.
 	r.createPod(t, "apps", "late", map[string]string{skeinv1.AnnotationEgressPrefix + egNS: egName}, false, corev1.PodRunning, "10.1.0.1")
 	time.Sleep(time.Second)
-	if got, pods := a.peers.snapshot(); len(got) != 0 || pods != 0 {
+	if got, pods := a.peers.snapshot(func(string) bool { return true }); len(got) != 0 || pods != 0 {
 		t.Errorf("after Run returned, its pod informer still ran: peers %v of %d pods", got, pods)
 	}
 }

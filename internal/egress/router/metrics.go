@@ -46,10 +46,17 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	_, pods := c.a.peers.snapshot()
+	c.a.dpMu.Lock()
+	serves := c.a.serves
+	dp := c.a.dp
+	c.a.dpMu.Unlock()
+	if serves == nil {
+		serves = func(ns string) bool { return ns == c.a.o.Namespace }
+	}
+	_, pods := c.a.peers.snapshot(serves)
 	ch <- prometheus.MustNewConstMetric(clientsDesc, prometheus.GaugeValue, float64(pods))
 	c.a.dpMu.Lock()
-	dp := c.a.dp
+	dp = c.a.dp
 	var st Stats
 	var err error
 	if dp != nil {

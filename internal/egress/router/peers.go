@@ -115,15 +115,20 @@ func (s *peerSet) remove(key string) bool {
 	return had
 }
 
-// snapshot returns every client address, sorted and without duplicates
-// (two pods may briefly hold one address while one is torn down), and
-// the number of client pods.
-func (s *peerSet) snapshot() (addrs []netip.Addr, pods int) {
+// snapshot returns the client addresses of pods whose namespace serves
+// admits, sorted and without duplicates (two pods may briefly hold one
+// address while one is torn down), and the number of those pods.
+func (s *peerSet) snapshot(serves func(namespace string) bool) (addrs []netip.Addr, pods int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, a := range s.byPod {
+	for key, a := range s.byPod {
+		ns, _, _ := strings.Cut(key, "/")
+		if !serves(ns) {
+			continue
+		}
 		addrs = append(addrs, a...)
+		pods++
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	return slices.Compact(addrs), len(s.byPod)
+	return slices.Compact(addrs), pods
 }

@@ -104,7 +104,7 @@ func TestPeerSet(t *testing.T) {
 		if got := st.do(); got != st.changed {
 			t.Errorf("%s: changed = %v, want %v", st.name, got, st.changed)
 		}
-		got, pods := s.snapshot()
+		got, pods := s.snapshot(all)
 		if !slices.Equal(got, st.want) || pods != st.pods {
 			t.Errorf("%s: snapshot %v of %d pods, want %v of %d", st.name, got, pods, st.want, st.pods)
 		}
@@ -125,14 +125,15 @@ func TestPeerSetPodReplacedOnRelist(t *testing.T) {
 	if !s.update(recreated) {
 		t.Error("the recreated pod's new address was not a change")
 	}
-	if got, pods := s.snapshot(); !slices.Equal(got, addrs("10.0.0.9")) || pods != 1 {
+	if got, pods := s.snapshot(all); !slices.Equal(got, addrs("10.0.0.9")) || pods != 1 {
 		t.Errorf("snapshot %v of %d pods, want only the new pod's 10.0.0.9 of 1", got, pods)
 	}
 	// Its later deletion (by the informer's key) leaves nothing.
 	if !s.remove(podKey(recreated)) {
 		t.Error("deleting the recreated pod was not a change")
 	}
-	if got, pods := s.snapshot(); len(got) != 0 || pods != 0 {
+	if got, pods := s.snapshot(all); len(got) != 0 || pods != 0 {
 		t.Errorf("after the delete: snapshot %v of %d pods, want none", got, pods)
 	}
 }
+func all(string) bool { return true }
