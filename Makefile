@@ -5,7 +5,7 @@ GOFLAGS   ?=
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/skeinnet/skein/internal/daemon.Version=$(VERSION) -X main.buildVersion=$(VERSION)
 
-.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-routing bench-kurma bench-egress fuzz
+.PHONY: all build deps deps-demo test test-run unit demo vet fmt clean proto conformance bench bench-quick bench-frontdoors bench-kube bench-kube-startup bench-routing bench-kurma bench-egress fuzz
 
 # cnitool (upstream, pinned) as scripts/deps.d/conformance.sh installs it.
 SKEIN_TOOLS ?= $(HOME)/.cache/skein/tools
@@ -61,6 +61,7 @@ bench: deps build
 	$(MAKE) bench-frontdoors
 	$(MAKE) bench-kurma
 	$(MAKE) bench-kube KUBE_SCALE="-nodes 1000 -pods 100000"
+	$(MAKE) bench-kube-startup
 	$(MAKE) bench-routing
 	$(MAKE) bench-egress
 
@@ -78,6 +79,17 @@ KUBE_SCALE ?= -nodes 100 -pods 10000
 bench-kube: deps build
 	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench KubeScale -benchtime 1x -timeout 60m ./test/kubescale/ \
 		-args $(KUBE_SCALE) -out $(BENCH_OUT)/kube-scale
+
+# Pod startup latency on a real node (test/kubelet: kubelet, containerd,
+# kube-proxy; skein installed by kubectl apply -k): 100 pods at once, from
+# kubectl apply to Ready, skein against the reference bridge + host-local
+# conflist on the same node, rounds interleaved; report.md and
+# results.json in $(BENCH_OUT)/kube-startup (docs/benchmarks/kube-startup.md).
+# KUBE_STARTUP="-startup.pairs 1" for a shorter run. Root.
+KUBE_STARTUP ?=
+bench-kube-startup: deps build
+	SKEIN_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench KubeStartup -benchtime 1x -timeout 30m ./test/kubelet/ \
+		-args -startup.out $(BENCH_OUT)/kube-startup $(KUBE_STARTUP)
 
 # Routing between nodes (test/routebench): pod-to-pod throughput and
 # round trips in direct and vxlan mode against the bare underlay and a
