@@ -66,6 +66,11 @@ func TestKubeletNodeOperations(t *testing.T) {
 		pinger := c.StartPing(t, "a", bv4)
 		c.Kubectl(t, "-n", "skein-system", "set", "image", "daemonset/skeind", "skeind=skein:next", "install-cni=skein:next")
 		c.Kubectl(t, "-n", "skein-system", "rollout", "status", "daemonset/skeind", "--timeout=180s")
+		// The controller too: two replicas on host ports, one per node, so
+		// the rollout must replace them one at a time (a surge pod would
+		// find no node and wait forever).
+		c.Kubectl(t, "-n", "skein-system", "set", "image", "deployment/skein-controller", "controller=skein:next")
+		c.Kubectl(t, "-n", "skein-system", "rollout", "status", "deployment/skein-controller", "--timeout=180s")
 		// Pings a little past the end of the rollout.
 		time.Sleep(2 * time.Second)
 		r := pinger.Stop(t)
