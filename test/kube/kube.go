@@ -261,6 +261,10 @@ func removeStaleDirs() {
 	}
 }
 
+// ModuleRoot returns the skein module's directory, found upwards from the
+// working directory (a test's package directory).
+func ModuleRoot() (string, error) { return moduleRoot() }
+
 func moduleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {

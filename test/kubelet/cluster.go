@@ -100,7 +100,7 @@ func Start(t testing.TB, o Options) *Cluster {
 		o.ProxyMode = "iptables"
 	}
 	start := time.Now()
-	root, err := moduleRoot()
+	root, err := kube.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,23 +321,6 @@ func PodAddrs(p *corev1.Pod) []netip.Addr {
 		}
 	}
 	return out
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/skeinnet/skein\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("not inside the skein module")
-		}
-		dir = parent
-	}
 }
 
 // dump logs what an operator would look at first when something failed:
