@@ -80,6 +80,8 @@ func grantControllerRole(t *testing.T, c client.Client) {
 				rule("skein.dev", []string{"addressblocks"}, append(read, "delete", "patch")),
 				rule("skein.dev", []string{"blockrequests"}, append(read, "delete")),
 				rule("", []string{"nodes"}, read),
+				// An Egress's namespace's allow-custom-pods annotation.
+				rule("", []string{"namespaces"}, read),
 				rule("skein.dev", []string{"egresses"}, read),
 				rule("skein.dev", []string{"egresses/status", "egresses/finalizers"}, []string{"update"}),
 				rule("apps", []string{"deployments"}, append(read, "create", "update", "delete")),

@@ -384,6 +384,9 @@ func TestEgressTemplateRollsOut(t *testing.T) {
 func TestEgressBadTemplateEvent(t *testing.T) {
 	_, c := startEgress(t, Options{})
 	ctx := context.Background()
+	// A sidecar needs the administrator's allowance: given, so that the
+	// API server is the one to refuse the template.
+	allowCustomPods(t, c, egressNS, "true")
 	eg := newEgress("broken", "203.0.113.0/24")
 	eg.Spec.Template = &skeinv1.EgressPodTemplate{Spec: corev1.PodSpec{
 		Containers: []corev1.Container{{Name: "sidecar"}}, // no image

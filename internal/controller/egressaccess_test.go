@@ -67,7 +67,9 @@ func TestEgressRouterPod(t *testing.T) {
 		t.Errorf("security context %+v, want privileged (the router sets net sysctls)", sc)
 	}
 
-	// Overrides win; what they leave out keeps its default.
+	// Overrides win; what they leave out keeps its default. Another
+	// account and a securityContext need the administrator's allowance.
+	allowCustomPods(t, c, egressNS, "true")
 	updateEgress(t, c, eg, func(eg *skeinv1.Egress) {
 		eg.Spec.Template = egressOverrides()
 	})
