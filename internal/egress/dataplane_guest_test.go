@@ -219,8 +219,8 @@ func checkState(t *testing.T, st ClientStatus, auto bool) {
 		t.Errorf("rules = %+v, want the seed's for both families and one per ServiceIP", st.Rules)
 	}
 	for _, r := range []RuleStatus{
-		{Priority: PrioInCluster, Dst: netip.PrefixFrom(svc4, 32), Table: tableMain},
-		{Priority: PrioInCluster, IPv6: true, Dst: netip.PrefixFrom(svc6, 128), Table: tableMain},
+		{Priority: PrioServiceIP, Dst: netip.PrefixFrom(svc4, 32), Table: tableMain},
+		{Priority: PrioServiceIP, IPv6: true, Dst: netip.PrefixFrom(svc6, 128), Table: tableMain},
 	} {
 		if !slices.Contains(st.Rules, r) {
 			t.Errorf("rules = %+v, want %+v among them", st.Rules, r)

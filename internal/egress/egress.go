@@ -26,18 +26,21 @@ const (
 	TableWide   = 118 // a gateway's default route (0.0.0.0/0 or ::/0)
 
 	PrioLinkLocal = 1800 // to link-local: main
+	PrioServiceIP = 1850 // to each tunnel's ServiceIP (/32, /128): main
 	PrioNarrow    = 1900 // lookup 117
 	PrioPrivate   = 2000 // to each private range: main (2000, 2001, ...)
-	PrioInCluster = 2010 // to each ServiceIP (/32, /128) of a tunnel: main
+	PrioInCluster = 2010 // to each in-cluster network (ClientConfig.InCluster): main
 	PrioWide      = 2100 // lookup 118
 )
 
-// Every rule at a priority from PrioInCluster up to (not including)
-// PrioWide that sends a destination to the main table is this package's:
-// ApplyClient removes the ones it no longer wants. The ServiceIP rules
-// keep a tunnel's own encapsulated packets out of table 118 when the
-// Service range is not private (100.64.0.0/10, global IPv6): without
-// them the default route through the tunnel would catch them and loop.
+// Every rule at PrioServiceIP, and at a priority from PrioInCluster up to
+// (not including) PrioWide, that sends a destination to the main table is
+// this package's: ApplyClient removes the ones it no longer wants. The
+// ServiceIP rules keep a tunnel's own encapsulated packets out of the
+// gateways' tables: before table 117, so that a destination covering the
+// Service range cannot catch them either, and before 118 for a default
+// route when the Service range is not private (100.64.0.0/10, global
+// IPv6). Without them the packets loop through their own tunnel.
 const prioInClusterEnd = PrioWide
 
 // Gateway is one Egress a client pod sends through.

@@ -54,7 +54,7 @@ func TestGuestEgressNonPrivateService(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	r := rule{prio: PrioInCluster, dst: netip.PrefixFrom(cgnatSvc4, 32), table: tableMain}
+	r := rule{prio: PrioServiceIP, dst: netip.PrefixFrom(cgnatSvc4, 32), table: tableMain}
 	if err := h.RuleDel(r.nl()); err != nil {
 		t.Fatalf("delete the ServiceIP rule: %v", err)
 	}
@@ -178,5 +178,28 @@ func TestGuestEgressInClusterPool(t *testing.T) {
 	}
 	if st, err := ClientState(client.Path()); err != nil || !st.Empty() {
 		t.Errorf("after the zero configuration: %+v, %v", st, err)
+	}
+}
+
+// TestGuestEgressDestinationCoversService: an Egress whose destinations
+// cover its own Service range (here the CGNAT range of the ClusterIP)
+// still carries traffic. Table 117 routes the range into the tunnel, so
+// the tunnel's own FoU packets to the ClusterIP must reach main before
+// it: the ServiceIP rule sits at PrioServiceIP, before PrioNarrow. At its
+// old place (after 117) they looped into their own tunnel and the gateway
+// carried nothing.
+func TestGuestEgressDestinationCoversService(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false)
+	tp.svc4, tp.svc6 = cgnatSvc4, globalSvc6
+	tp.setEndpoints(t, 0, 1)
+	cfg := ClientConfig{Gateways: []Gateway{{Namespace: "default", Name: "egress",
+		ServiceIPs:   []netip.Addr{cgnatSvc4},
+		Destinations: []netip.Prefix{pfx("100.96.0.0/16"), netip.PrefixFrom(ext4, 32)}}}}
+	if err := ApplyClient(tp.client.Path(), cfg); err != nil {
+		t.Fatalf("ApplyClient: %v", err)
+	}
+	for _, proto := range []string{"tcp", "udp"} {
+		mustVia(t, tp, proto, ext4)
 	}
 }

@@ -156,13 +156,16 @@ func clientRules(v6 bool) []rule {
 	return append(rs, rule{prio: PrioWide, v6: v6, table: TableWide})
 }
 
-// inClusterRules are the "to <dst> lookup main" rules at PrioInCluster
-// of one family: each tunnel's ServiceIP as a host prefix, so that the
-// tunnel's own packets are routed by main whatever the Service range.
-// Sorted by destination, without duplicates.
-// The in-cluster networks (validated, masked) of the family join them.
+// inClusterRules are the "to <dst> lookup main" rules of one family: each
+// tunnel's ServiceIP as a host prefix at PrioServiceIP (before table
+// 117), so that the tunnel's own packets are routed by main whatever the
+// Service range and the destinations; the in-cluster networks
+// (validated, masked) of the family at PrioInCluster. Sorted by
+// destination, without duplicates (a ServiceIP inside an in-cluster
+// network keeps its own rule).
 func inClusterRules(v6 bool, ts []tunnel, nets []netip.Prefix) []rule {
 	seen := map[netip.Prefix]bool{}
+	serviceIPs := map[netip.Prefix]bool{}
 	var dsts []netip.Prefix
 	add := func(d netip.Prefix) {
 		if !seen[d] {
@@ -172,7 +175,9 @@ func inClusterRules(v6 bool, ts []tunnel, nets []netip.Prefix) []rule {
 	}
 	for _, t := range ts {
 		if !t.flow && t.v6 == v6 {
-			add(netip.PrefixFrom(t.remote, t.remote.BitLen()))
+			d := netip.PrefixFrom(t.remote, t.remote.BitLen())
+			serviceIPs[d] = true
+			add(d)
 		}
 	}
 	for _, n := range nets {
@@ -183,7 +188,11 @@ func inClusterRules(v6 bool, ts []tunnel, nets []netip.Prefix) []rule {
 	sort.Slice(dsts, func(i, j int) bool { return lessPrefix(dsts[i], dsts[j]) })
 	rs := make([]rule, 0, len(dsts))
 	for _, d := range dsts {
-		rs = append(rs, rule{prio: PrioInCluster, v6: v6, dst: d, table: tableMain})
+		prio := PrioInCluster
+		if serviceIPs[d] {
+			prio = PrioServiceIP
+		}
+		rs = append(rs, rule{prio: prio, v6: v6, dst: d, table: tableMain})
 	}
 	return rs
 }
@@ -191,7 +200,7 @@ func inClusterRules(v6 bool, ts []tunnel, nets []netip.Prefix) []rule {
 // isInClusterRule: r is one of ours by its shape (a destination to main
 // at a priority of the in-cluster range), whatever the destination.
 func isInClusterRule(r rule) bool {
-	return r.prio >= PrioInCluster && r.prio < prioInClusterEnd && r.table == tableMain &&
+	return (r.prio == PrioServiceIP || r.prio >= PrioInCluster && r.prio < prioInClusterEnd) && r.table == tableMain &&
 		r.dst.IsValid() && r.iif == ""
 }
 

@@ -45,18 +45,18 @@ func TestPlanClientRoutesAndTunnels(t *testing.T) {
 		t.Errorf("fou = %+v, want %+v", p.fou, want)
 	}
 	// The seed's rules of both families, and each tunnel's ServiceIP to
-	// main at PrioInCluster (before PrioWide, the last of the seed's).
+	// main at PrioServiceIP (after link-local, before table 117).
 	var want []rule
 	for _, v6 := range []bool{false, true} {
 		rs := clientRules(v6)
-		want = append(want, rs[:len(rs)-1]...)
+		want = append(want, rs[0]) // link-local
 		if v6 {
-			want = append(want, rule{prio: PrioInCluster, v6: true, dst: pfx("fd00:96::1/128"), table: tableMain})
+			want = append(want, rule{prio: PrioServiceIP, v6: true, dst: pfx("fd00:96::1/128"), table: tableMain})
 		} else {
-			want = append(want, rule{prio: PrioInCluster, dst: pfx("10.96.0.1/32"), table: tableMain},
-				rule{prio: PrioInCluster, dst: pfx("10.96.0.2/32"), table: tableMain})
+			want = append(want, rule{prio: PrioServiceIP, dst: pfx("10.96.0.1/32"), table: tableMain},
+				rule{prio: PrioServiceIP, dst: pfx("10.96.0.2/32"), table: tableMain})
 		}
-		want = append(want, rs[len(rs)-1])
+		want = append(want, rs[1:]...)
 	}
 	if !reflect.DeepEqual(p.rules, want) {
 		t.Errorf("rules = %+v\nwant %+v", p.rules, want)
@@ -160,26 +160,35 @@ func TestPlanClientServiceIPRules(t *testing.T) {
 	if !(PrioInCluster > PrioPrivate+len(private4) && PrioInCluster < PrioWide) {
 		t.Fatalf("PrioInCluster %d not between the private rules and PrioWide %d", PrioInCluster, PrioWide)
 	}
+	// The ServiceIPs' rules come before table 117's: a destination that
+	// covers the Service range must not catch the tunnels' own packets.
+	if !(PrioServiceIP > PrioLinkLocal && PrioServiceIP < PrioNarrow) {
+		t.Fatalf("PrioServiceIP %d not between PrioLinkLocal %d and PrioNarrow %d", PrioServiceIP, PrioLinkLocal, PrioNarrow)
+	}
 	p, err := planClient(ClientConfig{Gateways: []Gateway{
 		{Namespace: "n", Name: "x", ServiceIPs: []netip.Addr{ip("100.96.0.50"), ip("2001:db8:96::50")},
 			Destinations: []netip.Prefix{pfx("0.0.0.0/0"), pfx("::/0")}},
 		{Namespace: "n", Name: "y", ServiceIPs: []netip.Addr{ip("100.96.0.50")}, Destinations: []netip.Prefix{pfx("198.51.100.0/24")}},
-	}})
+		// Its destination covers the Service range, ServiceIPs included.
+		{Namespace: "n", Name: "z", ServiceIPs: []netip.Addr{ip("100.96.0.60")}, Destinations: []netip.Prefix{pfx("100.96.0.0/16")}},
+	}, InCluster: []netip.Prefix{pfx("100.64.0.0/16")}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []rule
 	for _, r := range p.rules {
-		if r.prio == PrioInCluster {
+		if r.prio == PrioInCluster || r.prio == PrioServiceIP {
 			got = append(got, r)
 		}
-		if isInClusterRule(r) != (r.prio == PrioInCluster) {
+		if isInClusterRule(r) != (r.prio == PrioInCluster || r.prio == PrioServiceIP) {
 			t.Errorf("isInClusterRule(%+v) = %v", r, isInClusterRule(r))
 		}
 	}
 	want := []rule{
-		{prio: PrioInCluster, dst: pfx("100.96.0.50/32"), table: tableMain},
-		{prio: PrioInCluster, v6: true, dst: pfx("2001:db8:96::50/128"), table: tableMain},
+		{prio: PrioServiceIP, dst: pfx("100.96.0.50/32"), table: tableMain},
+		{prio: PrioServiceIP, dst: pfx("100.96.0.60/32"), table: tableMain},
+		{prio: PrioInCluster, dst: pfx("100.64.0.0/16"), table: tableMain},
+		{prio: PrioServiceIP, v6: true, dst: pfx("2001:db8:96::50/128"), table: tableMain},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("in-cluster rules = %+v, want %+v", got, want)
@@ -203,15 +212,20 @@ func TestPlanClientInCluster(t *testing.T) {
 	}
 	var got []netip.Prefix
 	for _, r := range p.rules {
-		if r.prio == PrioInCluster {
+		if r.prio == PrioInCluster || r.prio == PrioServiceIP {
 			got = append(got, r.dst)
 			if r.v6 || r.table != tableMain {
 				t.Errorf("in-cluster rule %+v", r)
 			}
+			// The ServiceIP listed as an in-cluster network too keeps its
+			// place before table 117.
+			if (r.dst == pfx("100.96.0.50/32")) != (r.prio == PrioServiceIP) {
+				t.Errorf("rule %+v: want PrioServiceIP for the ServiceIP only", r)
+			}
 		}
 	}
 	// 2001:db8:64::/64 is left out: the pod has no IPv6 tunnel.
-	if want := []netip.Prefix{pfx("100.32.0.0/12"), pfx("100.64.0.0/16"), pfx("100.96.0.50/32")}; !reflect.DeepEqual(got, want) {
+	if want := []netip.Prefix{pfx("100.96.0.50/32"), pfx("100.32.0.0/12"), pfx("100.64.0.0/16")}; !reflect.DeepEqual(got, want) {
 		t.Errorf("in-cluster rules to %v, want %v", got, want)
 	}
 	if p, err := planClient(ClientConfig{InCluster: []netip.Prefix{pfx("100.64.0.0/16")}}); err != nil || len(p.rules) != 0 || !p.empty() {

@@ -537,7 +537,7 @@ func TestGuestClientServiceIPChange(t *testing.T) {
 	if len(st.Tunnels) != len(old.Tunnels) || !reflect.DeepEqual(remotes, []netip.Addr{svc4, svc6}) {
 		t.Errorf("tunnels after the change: %+v, want remotes %s and %s", st.Tunnels, svc4, svc6)
 	}
-	// The rules are the same but for the ServiceIPs' own (PrioInCluster),
+	// The rules are the same but for the ServiceIPs' own (PrioServiceIP),
 	// which follow the new addresses.
 	retarget := func(rs []RuleStatus) []RuleStatus {
 		var out []RuleStatus
