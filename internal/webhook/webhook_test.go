@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -342,19 +343,35 @@ func TestWebhookReplicasRotate(t *testing.T) {
 	waitServing(t, c)
 
 	ctx := context.Background()
-	serials := map[string]bool{}
+	issued := map[string]time.Time{} // serial → NotBefore
 	start := time.Now()
 	for time.Since(start) < 2*validity {
 		if err := probe(ctx, c); err != nil {
 			t.Fatalf("request at %v: %v", time.Since(start).Round(time.Millisecond), err)
 		}
-		serials[secretSet(t, c).leaf.SerialNumber.String()] = true
+		leaf := secretSet(t, c).leaf
+		issued[leaf.SerialNumber.String()] = leaf.NotBefore
 		time.Sleep(100 * time.Millisecond)
 	}
-	// One rotation every 2/3 of validity: 3 in 2*validity, plus the
-	// first certificate. Replicas fighting would show more.
-	if n := len(serials); n < 3 || n > 4 {
-		t.Errorf("%d certificates in %v with validity %v, want 3 or 4", n, 2*validity, validity)
+	// One rotation when a third of the validity is left: every 4 s for
+	// 6 s, or down to 3 s, since certificates carry whole seconds and
+	// NotAfter may fall up to a second short. So 2 to 4 rotations in
+	// 2*validity, plus the certificate there at the start.
+	if n := len(issued); n < 3 || n > 5 {
+		t.Errorf("%d certificates in %v with validity %v, want 3 to 5", n, 2*validity, validity)
+	}
+	// Replicas fighting over one generation would issue two certificates
+	// within a check interval (200 ms) of each other: consecutive ones
+	// must be at least 2 s apart.
+	var times []time.Time
+	for _, nb := range issued {
+		times = append(times, nb)
+	}
+	slices.SortFunc(times, time.Time.Compare)
+	for i := 1; i < len(times); i++ {
+		if gap := times[i].Sub(times[i-1]); gap < 2*time.Second {
+			t.Errorf("two certificates issued %v apart (%v, %v): two rotations of one generation", gap, times[i-1], times[i])
+		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
