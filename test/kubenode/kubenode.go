@@ -198,7 +198,8 @@ func StartNode(t testing.TB, kubeconfig, name string, o NodeOptions) *Node {
 	addr := LoopbackAddr(t)
 	args := append([]string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--node", name, "--metrics-addr", addr}, o.Args...)
 	d := skeintest.StartDaemon(t, skeintest.Options{Node: o.NS, DefaultPool: []string{}, Args: args})
-	return &Node{Name: name, D: d, Metrics: "http://" + addr + "/metrics"}
+	// Where it bound: a port taken meanwhile is chosen again.
+	return &Node{Name: name, D: d, Metrics: "http://" + d.MetricsAddr() + "/metrics"}
 }
 
 // Sample returns the value of series in skeind's metrics.

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,8 +155,27 @@ func StartDaemon(t testing.TB, o Options) *Daemon {
 	return d
 }
 
-// Start (re)starts the process with the same arguments.
+// Start (re)starts the process with the same arguments. A --metrics-addr
+// on loopback that another process took between the test choosing it and
+// skeind binding it (the tests of other packages run beside) is chosen
+// again, up to three times; MetricsAddr says where it ended.
 func (d *Daemon) Start(t testing.TB) {
+	t.Helper()
+	for try := 1; ; try++ {
+		exited := d.start(t)
+		if !exited {
+			return
+		}
+		if try < 3 && strings.Contains(d.log.String(), "address already in use") && d.rebindMetrics() {
+			continue
+		}
+		t.Fatalf("skeind exited at start:\n%s", d.log.String())
+	}
+}
+
+// start starts the process once and waits until it answers (false) or
+// exits (true).
+func (d *Daemon) start(t testing.TB) bool {
 	t.Helper()
 	d.log = &bytes.Buffer{}
 	d.cmd = exec.Command(filepath.Join(d.BinDir, "skeind"), d.args...)
@@ -169,15 +189,48 @@ func (d *Daemon) Start(t testing.TB) {
 	for time.Now().Before(deadline) {
 		select {
 		case <-d.done:
-			t.Fatalf("skeind exited at start:\n%s", d.log.String())
+			return true
 		default:
 		}
 		if d.ping() == nil {
-			return
+			return false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("skeind did not answer within 15s:\n%s", d.log.String())
+	return false
+}
+
+// MetricsAddr is the last --metrics-addr skeind was started with.
+func (d *Daemon) MetricsAddr() string {
+	addr := ""
+	for i := 0; i+1 < len(d.args); i++ {
+		if d.args[i] == "--metrics-addr" {
+			addr = d.args[i+1]
+		}
+	}
+	return addr
+}
+
+// rebindMetrics gives the last --metrics-addr, if on 127.0.0.1, a port
+// free now; false when there is none to change.
+func (d *Daemon) rebindMetrics() bool {
+	for i := len(d.args) - 2; i >= 0; i-- {
+		if d.args[i] != "--metrics-addr" {
+			continue
+		}
+		if !strings.HasPrefix(d.args[i+1], "127.0.0.1:") {
+			return false
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return false
+		}
+		d.args[i+1] = l.Addr().String()
+		l.Close()
+		return true
+	}
+	return false
 }
 
 // ping asks skeind for its status once.
