@@ -46,11 +46,11 @@ func rewriteAfterFirstOpen(t *testing.T, path string, b []byte) *atomic.Int64 {
 	t.Helper()
 	fan, err := unix.FanotifyInit(unix.FAN_CLASS_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDWR)
 	if err != nil {
-		t.Skipf("fanotify: %v", err)
+		t.Fatalf("fanotify: %v", err)
 	}
 	if err := unix.FanotifyMark(fan, unix.FAN_MARK_ADD, unix.FAN_OPEN_PERM, unix.AT_FDCWD, path); err != nil {
 		unix.Close(fan)
-		t.Skipf("fanotify mark: %v", err)
+		t.Fatalf("fanotify mark: %v", err)
 	}
 	var opens atomic.Int64
 	stop := make(chan struct{})
