@@ -10,8 +10,12 @@
 //
 // Environment (libvirt passes it with <qemu:env>):
 //
-//	SKEIN_VM_CONTAINER_ID  the CNI container ID of the VM's pod (unset: run
-//	                       the emulator unchanged — libvirt probes it so)
+//	SKEIN_VM_CONTAINER_ID  the CNI container ID of the VM's pod (unset, and
+//	                       SKEIN_VM_IN_POD unset: run the emulator
+//	                       unchanged — libvirt probes it so)
+//	SKEIN_VM_IN_POD        "1": the wrapper runs inside the VM's pod (qemu
+//	                       as a pod's container): it proves it with its
+//	                       network namespace, no container ID or token
 //	SKEIN_VM_EMULATOR      the emulator (default qemu-system-x86_64 in $PATH)
 //	SKEIN_VM_SOCKET        skeind's VM socket (default /run/skein/vm.sock)
 //	SKEIN_VM_TOKEN         the container's token, or else it is read from
@@ -56,14 +60,28 @@ func run(args []string) error {
 		return fmt.Errorf("emulator: %w", err)
 	}
 	argv := append([]string{emulator}, args...)
-	if id := os.Getenv("SKEIN_VM_CONTAINER_ID"); id != "" {
-		token := os.Getenv("SKEIN_VM_TOKEN")
-		if token == "" {
-			if token, err = handover.ReadToken(env("SKEIN_VM_TOKEN_DIR", handover.DefaultTokenDir), id); err != nil {
-				return err
+	id, inPod := os.Getenv("SKEIN_VM_CONTAINER_ID"), os.Getenv("SKEIN_VM_IN_POD")
+	if inPod != "" && inPod != "1" && inPod != "0" {
+		return fmt.Errorf("SKEIN_VM_IN_POD=%q: want 1 or 0", inPod)
+	}
+	if id != "" && inPod == "1" {
+		return fmt.Errorf("SKEIN_VM_CONTAINER_ID and SKEIN_VM_IN_POD=1 both set: choose one")
+	}
+	if id != "" || inPod == "1" {
+		socket := env("SKEIN_VM_SOCKET", handover.DefaultSocket)
+		var ifs []handover.Interface
+		var files []*os.File
+		if inPod == "1" {
+			ifs, files, err = handover.FetchOwn(socket, 10*time.Second)
+		} else {
+			token := os.Getenv("SKEIN_VM_TOKEN")
+			if token == "" {
+				if token, err = handover.ReadToken(env("SKEIN_VM_TOKEN_DIR", handover.DefaultTokenDir), id); err != nil {
+					return err
+				}
 			}
+			ifs, files, err = handover.Fetch(socket, id, token, 10*time.Second)
 		}
-		ifs, files, err := handover.Fetch(env("SKEIN_VM_SOCKET", handover.DefaultSocket), id, token, 10*time.Second)
 		if err != nil {
 			return err
 		}

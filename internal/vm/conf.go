@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/skeinnet/skein/internal/cni"
 )
@@ -26,6 +27,40 @@ type NetConf struct {
 	// LeaseSeconds is the DHCP lease time served; renewal (T1) is at half
 	// of it, rebinding (T2) at 7/8.
 	LeaseSeconds int `json:"leaseSeconds,omitempty"`
+	// PodAnnotation, when set, makes skein-vm act only for pods whose
+	// annotation of that name is "true": with skein-vm chained in a
+	// node's only conflist, ordinary pods keep their interface and VM
+	// pods ask for a bridge and a tap. The annotations come from
+	// runtimeConfig (the io.kubernetes.cri.pod-annotations capability,
+	// which the conflist must give skein-vm). Empty: every pod is a VM.
+	PodAnnotation string `json:"podAnnotation,omitempty"`
+	// RuntimeConfig holds what the runtime passes for the capabilities.
+	RuntimeConfig struct {
+		Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
+	} `json:"runtimeConfig,omitzero"`
+}
+
+// PodAnnotationsCapability is the runtimeConfig key of the pod's
+// annotations (containerd and CRI-O fill it in).
+const PodAnnotationsCapability = "io.kubernetes.cri.pod-annotations"
+
+// WantsVM reports whether this call is for a VM: always without
+// PodAnnotation; else the pod's annotation must be "true" ("false" or
+// none: not a VM). Any other value is an error naming the annotation, so
+// a typo is not silently a plain pod.
+func (c *NetConf) WantsVM() (bool, error) {
+	if c.PodAnnotation == "" {
+		return true, nil
+	}
+	switch v, ok := c.RuntimeConfig.Annotations[c.PodAnnotation]; {
+	case !ok || v == "false":
+		return false, nil
+	case v == "true":
+		return true, nil
+	default:
+		return false, types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("pod annotation %s=%q: want \"true\" (a VM) or \"false\"", c.PodAnnotation, v), "")
+	}
 }
 
 // DefaultLease is the lease time when the configuration names none.
@@ -51,6 +86,12 @@ func ParseConf(data []byte, requirePrev bool) (*NetConf, error) {
 	}
 	if c.LeaseSeconds < 0 || c.LeaseSeconds != 0 && c.LeaseSeconds < 10 {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("leaseSeconds %d: must be at least 10", c.LeaseSeconds), "")
+	}
+	if c.PodAnnotation != "" {
+		if errs := validation.IsQualifiedName(c.PodAnnotation); len(errs) > 0 {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("podAnnotation %q is not an annotation name: %s", c.PodAnnotation, strings.Join(errs, "; ")), "")
+		}
 	}
 	if c.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {

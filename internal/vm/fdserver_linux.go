@@ -23,12 +23,12 @@ import (
 // next one.
 type fdServer struct {
 	l    *unixsock.Listener
-	open func(containerID, token string) ([]handover.Interface, []*os.File, error)
+	open func(req handover.Request, netns *os.File) ([]handover.Interface, []*os.File, error)
 	log  *slog.Logger
 	wg   sync.WaitGroup
 }
 
-func listenFD(path string, open func(string, string) ([]handover.Interface, []*os.File, error), log *slog.Logger) (*fdServer, error) {
+func listenFD(path string, open func(handover.Request, *os.File) ([]handover.Interface, []*os.File, error), log *slog.Logger) (*fdServer, error) {
 	l, err := unixsock.Listen("unixpacket", path) // mode 0600 from the start
 	if err != nil {
 		return nil, fmt.Errorf("VM socket: %w", err)
@@ -67,20 +67,44 @@ func (s *fdServer) answer(c *net.UnixConn) {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	peer := peerOf(c)
 	buf := make([]byte, handover.MaxMessage)
-	n, err := c.Read(buf)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		s.log.Warn("vm socket: read request", "peer", peer, "err", err)
 		return
 	}
+	// Whatever descriptors came are closed here; at most one (a network
+	// namespace) is used.
+	sent, rerr := handover.ParseRights(oob[:oobn])
+	defer func() {
+		for _, f := range sent {
+			f.Close()
+		}
+	}()
 	var req handover.Request
 	var resp handover.Response
 	var files []*os.File
-	if err := json.Unmarshal(buf[:n], &req); err != nil {
-		resp.Error = "malformed request: " + err.Error()
-	} else if ifs, fs, err := s.open(req.ContainerID, req.Token); err != nil {
-		resp.Error = err.Error()
-	} else {
-		resp.Interfaces, files = ifs, fs
+	switch {
+	case flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0:
+		resp.Error = "request or its descriptors truncated"
+	case rerr != nil:
+		resp.Error = "malformed request: " + rerr.Error()
+	case json.Unmarshal(buf[:n], &req) != nil:
+		resp.Error = "malformed request: not JSON"
+	case req.NetNS && len(sent) != 1:
+		resp.Error = fmt.Sprintf("a request by network namespace carries one descriptor, not %d", len(sent))
+	case !req.NetNS && len(sent) != 0:
+		resp.Error = "a request by container ID carries no descriptor"
+	default:
+		var ns *os.File
+		if req.NetNS {
+			ns = sent[0]
+		}
+		if ifs, fs, err := s.open(req, ns); err != nil {
+			resp.Error = err.Error()
+		} else {
+			resp.Interfaces, files = ifs, fs
+		}
 	}
 	defer func() {
 		for _, f := range files {
@@ -88,23 +112,23 @@ func (s *fdServer) answer(c *net.UnixConn) {
 		}
 	}()
 	b, _ := json.Marshal(resp)
-	var oob []byte
+	var rights []byte
 	if len(files) > 0 {
 		fds := make([]int, len(files))
 		for i, f := range files {
 			fds[i] = int(f.Fd())
 		}
-		oob = unix.UnixRights(fds...)
+		rights = unix.UnixRights(fds...)
 	}
-	if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
+	if _, _, err := c.WriteMsgUnix(b, rights, nil); err != nil {
 		s.log.Warn("vm socket: send response", "peer", peer, "err", err)
 		return
 	}
 	if resp.Error != "" {
-		s.log.Warn("vm socket: refused", "peer", peer, "container", req.ContainerID, "err", resp.Error)
+		s.log.Warn("vm socket: refused", "peer", peer, "container", req.ContainerID, "byNetNS", req.NetNS, "err", resp.Error)
 		return
 	}
-	s.log.Info("vm socket: taps handed over", "peer", peer, "container", req.ContainerID, "taps", len(files))
+	s.log.Info("vm socket: taps handed over", "peer", peer, "container", req.ContainerID, "byNetNS", req.NetNS, "taps", len(files))
 }
 
 // peerOf describes the connecting process for the log.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/cni"
@@ -251,6 +252,13 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 	if err := validate(req, conf, true); err != nil {
 		return nil, err
 	}
+	if vm, err := conf.WantsVM(); err != nil {
+		return nil, err
+	} else if !vm {
+		// Not a VM pod: the main plugin's result, untouched.
+		s.log.Debug("vm: not a VM pod, passing the result through", "container", req.ContainerId, "annotation", conf.PodAnnotation)
+		return passThrough(conf)
+	}
 	if err := AdoptLegacyPrev(conf, req.Ifname, req.Netns); err != nil {
 		return nil, err
 	}
@@ -346,6 +354,16 @@ func plumbError(err error, nsPath string) error {
 		return types.NewError(cni.CodeAttachmentExists, "the interface already carries VM networking (DEL it first)", err.Error())
 	}
 	return types.NewError(types.ErrInternal, err.Error(), "")
+}
+
+// passThrough is prevResult in the configuration's version: a pod that
+// is not a VM gets what the main plugin made.
+func passThrough(conf *NetConf) ([]byte, error) {
+	res, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "cannot convert prevResult: "+err.Error(), "")
+	}
+	return cni.Encode(res, conf.CNIVersion)
 }
 
 // buildResult is prevResult plus, per VM port, the bridge and the tap
@@ -496,6 +514,11 @@ func (s *Service) check(ctx context.Context, req *rpc.CNIRequest) error {
 		return err
 	}
 	if !found {
+		if vm, err := conf.WantsVM(); err != nil {
+			return err
+		} else if !vm {
+			return nil // not a VM pod: nothing of skein-vm's to check
+		}
 		return types.NewError(types.ErrUnknownContainer, "no VM attachment "+k.String(), "")
 	}
 	var problems []string
@@ -609,10 +632,25 @@ func (s *Service) tagged(r record) error {
 }
 
 // openTaps answers the handover socket: the taps of every VM attachment
-// of containerID, in key order, if the token is the container's.
-func (s *Service) openTaps(containerID, token string) ([]handover.Interface, []*os.File, error) {
-	if cni.ValidateContainerID(containerID) != nil || !s.tokens.valid(containerID, token) {
-		return nil, nil, errors.New("unknown container or wrong token")
+// of the container, in key order, if the token is the container's; or,
+// for a request by namespace, of every attachment in that namespace (ns,
+// a descriptor the caller sent: having it is the proof).
+func (s *Service) openTaps(req handover.Request, ns *os.File) ([]handover.Interface, []*os.File, error) {
+	var mine func(record) bool
+	if req.NetNS {
+		id, err := netnsID(ns)
+		if err != nil {
+			return nil, nil, err
+		}
+		mine = func(r record) bool {
+			var st unix.Stat_t
+			return unix.Stat(r.NetNS, &st) == nil && [2]uint64{st.Dev, st.Ino} == id
+		}
+	} else {
+		if cni.ValidateContainerID(req.ContainerID) != nil || !s.tokens.valid(req.ContainerID, req.Token) {
+			return nil, nil, errors.New("unknown container or wrong token")
+		}
+		mine = func(r record) bool { return r.Key.ContainerID == req.ContainerID }
 	}
 	recs, err := s.records(context.Background())
 	if err != nil {
@@ -627,7 +665,7 @@ func (s *Service) openTaps(containerID, token string) ([]handover.Interface, []*
 		return nil, nil, err
 	}
 	for _, r := range recs {
-		if r.Key.ContainerID != containerID {
+		if !mine(r) {
 			continue
 		}
 		for _, p := range r.Ports {
@@ -646,10 +684,33 @@ func (s *Service) openTaps(containerID, token string) ([]handover.Interface, []*
 		}
 	}
 	if len(ifs) == 0 {
+		if req.NetNS {
+			return nil, nil, errors.New("no VM attachment in this network namespace")
+		}
 		return nil, nil, errors.New("unknown container or wrong token")
 	}
 	if len(ifs) > handover.MaxInterfaces {
 		return fail(fmt.Errorf("%d interfaces: more than %d", len(ifs), handover.MaxInterfaces))
 	}
 	return ifs, files, nil
+}
+
+// netnsID identifies the network namespace f is a descriptor of (the
+// device and inode its path also has), refusing any other file.
+func netnsID(f *os.File) ([2]uint64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
+		return [2]uint64{}, fmt.Errorf("the descriptor sent: %w", err)
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return [2]uint64{}, errors.New("the descriptor sent is not a namespace")
+	}
+	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
+		return [2]uint64{}, errors.New("the descriptor sent is not a network namespace")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return [2]uint64{}, fmt.Errorf("the descriptor sent: %w", err)
+	}
+	return [2]uint64{st.Dev, st.Ino}, nil
 }

@@ -17,6 +17,14 @@
 // in the CNI result: results are cached by runtimes and shown by tools.
 // Whoever may read the file (root, or a launcher root hands it to) may
 // have the container's taps; nobody else can, even with the socket.
+//
+// A launcher inside the VM's pod (qemu in the pod, as Kubernetes runs a
+// VM) proves itself differently: it sends a Request with NetNS set and a
+// descriptor of its own network namespace as ancillary data, and gets
+// the taps of the attachments in that namespace. Having the namespace is
+// the proof — a pod's containers share it, no other pod can open it — so
+// such a pod needs the socket but neither the token directory nor its
+// sandbox's container ID.
 package handover
 
 import (
@@ -44,8 +52,12 @@ const (
 
 // Request asks for the taps of one container.
 type Request struct {
-	ContainerID string `json:"containerID"`
-	Token       string `json:"token"`
+	ContainerID string `json:"containerID,omitempty"`
+	Token       string `json:"token,omitempty"`
+	// NetNS asks for the taps of the attachments in the network
+	// namespace whose descriptor comes with the request (SCM_RIGHTS);
+	// ContainerID and Token are then empty.
+	NetNS bool `json:"netns,omitempty"`
 }
 
 // Interface describes one tap handed over: what the VM's NIC should be.
@@ -88,6 +100,21 @@ func ReadToken(dir, containerID string) (string, error) {
 // Fetch asks skeind at socket for the taps of containerID. The files are
 // the open taps, in the order of the interfaces; the caller owns them.
 func Fetch(socket, containerID, token string, timeout time.Duration) ([]Interface, []*os.File, error) {
+	return fetch(socket, Request{ContainerID: containerID, Token: token}, nil, timeout)
+}
+
+// FetchOwn asks skeind at socket for the taps of the pod the caller is
+// in: the calling thread's network namespace goes with the request.
+func FetchOwn(socket string, timeout time.Duration) ([]Interface, []*os.File, error) {
+	ns, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, nil, fmt.Errorf("open own network namespace: %w", err)
+	}
+	defer ns.Close()
+	return fetch(socket, Request{NetNS: true}, unix.UnixRights(int(ns.Fd())), timeout)
+}
+
+func fetch(socket string, r Request, rights []byte, timeout time.Duration) ([]Interface, []*os.File, error) {
 	conn, err := net.DialTimeout("unixpacket", socket, timeout)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to skeind at %s: %w", socket, err)
@@ -95,8 +122,8 @@ func Fetch(socket, containerID, token string, timeout time.Duration) ([]Interfac
 	defer conn.Close()
 	uc := conn.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(timeout))
-	req, _ := json.Marshal(Request{ContainerID: containerID, Token: token})
-	if _, err := uc.Write(req); err != nil {
+	req, _ := json.Marshal(r)
+	if _, _, err := uc.WriteMsgUnix(req, rights, nil); err != nil {
 		return nil, nil, fmt.Errorf("send request: %w", err)
 	}
 	buf := make([]byte, MaxMessage)
@@ -105,7 +132,7 @@ func Fetch(socket, containerID, token string, timeout time.Duration) ([]Interfac
 	if err != nil {
 		return nil, nil, fmt.Errorf("read response: %w", err)
 	}
-	files, err := parseRights(oob[:oobn])
+	files, err := ParseRights(oob[:oobn])
 	if err != nil {
 		return nil, nil, err
 	}
@@ -125,7 +152,9 @@ func Fetch(socket, containerID, token string, timeout time.Duration) ([]Interfac
 	return resp.Interfaces, files, nil
 }
 
-func parseRights(oob []byte) ([]*os.File, error) {
+// ParseRights returns the descriptors of SCM_RIGHTS control messages as
+// files the caller owns.
+func ParseRights(oob []byte) ([]*os.File, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil, fmt.Errorf("parse control message: %w", err)
