@@ -254,3 +254,9 @@ func readModinfo(path string) (modinfo, error) {
 	}
 	return mi, nil
 }
+
+// CurrentKernel is the cached kernel scripts/deps.d/vm.sh installed
+// (<cache>/current), indexed once per process.
+func CurrentKernel() (*Kernel, error) {
+	return cachedKernel(filepath.Join(kernelCacheDir(), "current"))
+}

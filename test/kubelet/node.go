@@ -183,17 +183,24 @@ func (n *Node) startContainerd(t testing.TB, imageTars []string) {
 		t.Fatalf("%s: containerd: %v\n%s", n.Name, err, n.containerd.Tail(30))
 	}
 	for _, tar := range imageTars {
-		dst := filepath.Join(n.Dir, "var-lib/skein-node/images", filepath.Base(tar))
-		if err := os.Link(tar, dst); err != nil {
-			if err := copyFile(tar, dst); err != nil {
-				t.Fatal(err)
-			}
+		n.ImportImage(t, tar)
+	}
+}
+
+// ImportImage imports an image tarball into the node's containerd (the
+// kubelet's namespace, k8s.io), as a registry-less node gets images.
+func (n *Node) ImportImage(t testing.TB, tar string) {
+	t.Helper()
+	dst := filepath.Join(n.Dir, "var-lib/skein-node/images", filepath.Base(tar))
+	if err := os.Link(tar, dst); err != nil {
+		if err := copyFile(tar, dst); err != nil {
+			t.Fatal(err)
 		}
-		out, err := n.Command("ctr", "--address", containerdSock, "-n", "k8s.io", "images", "import",
-			"--no-unpack", filepath.Join(imagesDir, filepath.Base(tar))).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: import %s: %v\n%s", n.Name, tar, err, out)
-		}
+	}
+	out, err := n.Command("ctr", "--address", containerdSock, "-n", "k8s.io", "images", "import",
+		"--no-unpack", filepath.Join(imagesDir, filepath.Base(tar))).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: import %s: %v\n%s", n.Name, tar, err, out)
 	}
 }
 
