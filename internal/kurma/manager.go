@@ -360,53 +360,175 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	}
 
 	// Step 2: the images (and main execs) of the networks, so that a bad
-	// or unreachable image fails before any network is attached.
-	for _, p := range plan {
+	// or unreachable image fails before any network is attached. Each is
+	// held from here until the outcome is recorded (the record then keeps
+	// it from being pruned): one ensure per network and call.
+	states := make([]*netState, len(plan))
+	unready := make([]error, len(plan)) // an optional network's ensure error
+	var releases []func()
+	defer func() {
+		m.pruneMu.RLock()
+		for _, r := range releases {
+			r()
+		}
+		m.pruneMu.RUnlock()
+	}()
+	for i, p := range plan {
 		if p.net.Builtin() {
 			if m.pools == nil {
 				return res, fmt.Errorf("network %q: %w", p.net.Name, ErrNoPools)
 			}
 			continue
 		}
-		_, release, err := m.ensure(ctx, p.net)
-		if err != nil && !p.net.Optional {
-			return res, err
+		s, release, err := m.ensure(ctx, p.net)
+		if err != nil {
+			if !p.net.Optional {
+				return res, err
+			}
+			unready[i] = err
+			continue
 		}
-		if err == nil {
-			release()
-		}
+		releases = append(releases, release)
+		states[i] = s
 	}
 
-	// Step 3: add, in order; undo this call's adds in reverse on failure.
-	bg := context.WithoutCancel(ctx)
-	var done []AttachmentRecord
-	defer func() {
-		if err == nil {
-			return
+	// Step 3: one durable intent for every network of this call, the adds
+	// in order, one durable outcome. A crash before the outcome leaves
+	// every network of the call in StateAdding, and Recover deletes them
+	// all (a del of a network whose add never ran is a del of nothing,
+	// which plugins must accept as CNI's DEL does). On a failure the adds
+	// of this call are deleted again in reverse.
+	base := len(rec.Attachments)
+	var todo []int // plan indexes recorded in the intent
+	for i, p := range plan {
+		if unready[i] != nil {
+			m.log.Warn("optional pod network skipped", "pod", req.ID, "network", p.net.Name, "err", unready[i])
+			res.Skipped = append(res.Skipped, Skipped{Network: p.net.Name, Error: unready[i].Error()})
+			continue
 		}
-		for i := len(done) - 1; i >= 0; i-- {
-			if derr := m.detachOne(bg, &rec, done[i]); derr != nil {
-				m.log.Error("roll back pod network; its record stays for a later detach", "pod", req.ID, "network", done[i].Network, "err", derr)
+		a := AttachmentRecord{
+			Network: p.net.Name, IfName: p.ifname, Config: p.net.Raw, Pool: p.net.Pool,
+			Timeout: p.net.Timeout, State: StateAdding, Created: time.Now().UTC(),
+		}
+		if s := states[i]; s != nil {
+			a.Image, a.Digest, a.Insecure = p.net.Image, s.img.Digest, p.net.Ref.Insecure
+		}
+		rec.Attachments = append(rec.Attachments, a)
+		todo = append(todo, i)
+	}
+	if len(todo) == 0 {
+		res.Pod = rec
+		return res, nil
+	}
+	if err := m.putRecord(ctx, rec); err != nil {
+		return AttachResult{}, err
+	}
+	bg := context.WithoutCancel(ctx)
+	// outcome[j]: nil added; else why not (the entry is then deleted).
+	added := make([]bool, len(todo))
+	var failure error
+	for j, i := range todo {
+		p, idx := plan[i], base+j
+		err := m.addOne(ctx, &rec, idx, states[i])
+		if err == nil {
+			added[j] = true
+			continue
+		}
+		// A failed add may have done part of its work: del it.
+		m.dropEntry(bg, &rec, idx, true)
+		if p.net.Optional {
+			m.log.Warn("optional pod network skipped", "pod", req.ID, "network", p.net.Name, "err", err)
+			res.Skipped = append(res.Skipped, Skipped{Network: p.net.Name, Error: err.Error()})
+			continue
+		}
+		failure = fmt.Errorf("attach pod %s to network %q: %w", req.ID, p.net.Name, err)
+		for k := j + 1; k < len(todo); k++ {
+			m.dropEntry(bg, &rec, base+k, false) // never ran: nothing to del
+		}
+		for k := j - 1; k >= 0; k-- {
+			if added[k] {
+				m.dropEntry(bg, &rec, base+k, true)
 			}
 		}
-		res = AttachResult{}
-	}()
-	for _, p := range plan {
-		a, aerr := m.attachOne(ctx, &rec, p)
-		if aerr == nil {
-			done = append(done, a)
-			continue
-		}
-		if p.net.Optional {
-			m.log.Warn("optional pod network skipped", "pod", req.ID, "network", p.net.Name, "err", aerr)
-			res.Skipped = append(res.Skipped, Skipped{Network: p.net.Name, Error: aerr.Error()})
-			continue
-		}
-		return res, fmt.Errorf("attach pod %s to network %q: %w", req.ID, p.net.Name, aerr)
+		break
 	}
-	res.Attached = done
-	res.Pod = rec
-	return res, nil
+	if failure == nil {
+		var attached []AttachmentRecord
+		for j := range todo {
+			if added[j] {
+				attached = append(attached, rec.Attachments[base+j])
+			}
+		}
+		compact(&rec)
+		err := m.putRecord(bg, rec)
+		if err == nil {
+			res.Attached, res.Pod = attached, rec
+			return res, nil
+		}
+		// The outcome is not recorded: undo this call's adds (the stored
+		// intent has them all as StateAdding, which Recover would undo).
+		failure = err
+		for k := len(rec.Attachments) - 1; k >= base; k-- {
+			m.dropEntry(bg, &rec, k, true)
+		}
+	}
+	compact(&rec)
+	if err := m.putRecord(bg, rec); err != nil {
+		m.log.Error("record the rollback of pod networks; Recover or a detach finishes it", "pod", req.ID, "err", err)
+	}
+	return AttachResult{}, failure
+}
+
+// addOne runs the add of rec.Attachments[idx] and fills in its outcome
+// (in memory: the caller records it).
+func (m *Manager) addOne(ctx context.Context, rec *PodRecord, idx int, s *netState) error {
+	a := rec.Attachments[idx]
+	if s != nil && s.sv != nil {
+		if err := s.sv.Err(); err != nil {
+			return err
+		}
+	}
+	result, err := m.add(ctx, rec, a, s)
+	if err == nil {
+		a.Result, err = encodeResult(result)
+	}
+	if err != nil {
+		return err
+	}
+	a.State = StateAttached
+	rec.Attachments[idx] = a
+	return nil
+}
+
+// dropEntry takes rec.Attachments[idx] out of the record in memory:
+// deleted first when del is set; an entry whose del fails stays, marked
+// StateDelFailed (Detach and GC retry it). Dropped entries are marked
+// for compact.
+func (m *Manager) dropEntry(ctx context.Context, rec *PodRecord, idx int, del bool) error {
+	a := &rec.Attachments[idx]
+	if del {
+		if err := m.del(ctx, rec, *a); err != nil {
+			m.log.Error("pod network del failed; its record stays for a later detach", "pod", rec.ID, "network", a.Network, "err", err)
+			a.State, a.Error = StateDelFailed, err.Error()
+			return err
+		}
+	}
+	a.State = stateDropped
+	return nil
+}
+
+// stateDropped marks an entry compact removes; it is never stored.
+const stateDropped = "dropped"
+
+// compact removes the dropped entries of rec.
+func compact(rec *PodRecord) {
+	kept := rec.Attachments[:0]
+	for _, a := range rec.Attachments {
+		if a.State != stateDropped {
+			kept = append(kept, a)
+		}
+	}
+	rec.Attachments = kept
 }
 
 // plan resolves the requested networks and renders their interface names.
@@ -599,60 +721,6 @@ func (m *Manager) stateDir(network string) (string, error) {
 	return dir, nil
 }
 
-// attachOne records the intent, runs the add and completes the record.
-// On failure the network is deleted again (a failed add may have done part
-// of its work) and its record entry removed, unless that del failed too.
-func (m *Manager) attachOne(ctx context.Context, rec *PodRecord, p planned) (a AttachmentRecord, err error) {
-	a = AttachmentRecord{
-		Network: p.net.Name, IfName: p.ifname, Config: p.net.Raw, Pool: p.net.Pool,
-		Timeout: p.net.Timeout, State: StateAdding, Created: time.Now().UTC(),
-	}
-	var s *netState
-	if !p.net.Builtin() {
-		// The image stays ours until the add is done (and the record,
-		// which keeps it from being pruned, written).
-		var release func()
-		if s, release, err = m.ensure(ctx, p.net); err != nil {
-			return a, err
-		}
-		defer func() {
-			m.pruneMu.RLock()
-			release()
-			m.pruneMu.RUnlock()
-		}()
-		if s.sv != nil {
-			if err := s.sv.Err(); err != nil {
-				return a, err
-			}
-		}
-		a.Image, a.Digest, a.Insecure = p.net.Image, s.img.Digest, p.net.Ref.Insecure
-	}
-	// 1. the intent, durable before anything runs
-	rec.Attachments = append(rec.Attachments, a)
-	idx := len(rec.Attachments) - 1
-	if err := m.putRecord(ctx, *rec); err != nil {
-		rec.Attachments = rec.Attachments[:idx]
-		return a, err
-	}
-	// 2. the add
-	result, err := m.add(ctx, rec, a, s)
-	if err == nil {
-		a.Result, err = encodeResult(result)
-	}
-	if err == nil {
-		// 3. the outcome
-		a.State = StateAttached
-		rec.Attachments[idx] = a
-		if err = m.putRecord(context.WithoutCancel(ctx), *rec); err == nil {
-			return a, nil
-		}
-	}
-	if derr := m.detachOne(context.WithoutCancel(ctx), rec, a); derr != nil {
-		return a, fmt.Errorf("%w (and undoing it failed: %v)", err, derr)
-	}
-	return a, err
-}
-
 // detachOne runs a's del and removes it from the record (rec is updated
 // and written). If the del fails the entry stays, marked StateDelFailed.
 func (m *Manager) detachOne(ctx context.Context, rec *PodRecord, a AttachmentRecord) error {
@@ -823,12 +891,25 @@ func (m *Manager) detach(ctx context.Context, key string, still func(PodRecord) 
 	// (the plugin calls have their own timeouts).
 	bg := context.WithoutCancel(ctx)
 	var errs []error
+	var gone []string // digests of the images of the entries deleted
 	for i := len(rec.Attachments) - 1; i >= 0; i-- {
-		if err := m.detachOne(bg, &rec, rec.Attachments[i]); err != nil {
-			errs = append(errs, fmt.Errorf("detach pod %s from network %q: %w", id, rec.Attachments[i].Network, err))
+		a := rec.Attachments[i]
+		if err := m.dropEntry(bg, &rec, i, true); err != nil {
+			errs = append(errs, fmt.Errorf("detach pod %s from network %q: %w", id, a.Network, err))
+		} else if a.Digest != "" {
+			gone = append(gone, a.Digest)
 		}
 	}
-	m.prune(bg)
+	// One write for the whole pod: the record goes, or keeps the entries
+	// whose del failed. A crash before it leaves the record as it was, and
+	// the next detach dels again (a del of what is gone succeeds).
+	compact(&rec)
+	if err := m.putRecord(bg, rec); err != nil {
+		errs = append(errs, err)
+	}
+	if m.prunable(gone) {
+		m.prune(bg)
+	}
 	return true, errors.Join(errs...)
 }
 
@@ -941,6 +1022,29 @@ func (m *Manager) GC(ctx context.Context, since time.Time, keep func(id string) 
 		}
 	}
 	return gone, errors.Join(errs...)
+}
+
+// prunable reports whether images with these digests may have become
+// unused: some digest is not the image of a network that is configured
+// and started (those hold their images, so a prune would remove nothing
+// of theirs). A detach of pods on configured networks, the common case,
+// then costs no listing of every record.
+func (m *Manager) prunable(digests []string) bool {
+	if len(digests) == 0 || m.images == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	held := map[string]bool{}
+	for _, s := range m.active {
+		held[s.img.Digest] = true
+	}
+	for _, d := range digests {
+		if !held[d] {
+			return true
+		}
+	}
+	return false
 }
 
 // prune removes cached images no record and no configured network holds.

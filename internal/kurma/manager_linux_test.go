@@ -415,3 +415,32 @@ func TestDetachOutlivesCaller(t *testing.T) {
 		t.Errorf("the del did not finish: %v", err)
 	}
 }
+
+// TestRecordWritesPerPod: an attach writes the pod's record twice
+// whatever the number of networks — the intent of them all before any add
+// runs, the outcome after — and a detach once (each write is a durable
+// commit of the store, the most expensive part of a record).
+func TestRecordWritesPerPod(t *testing.T) {
+	w := newWorld(t, testNets)
+	st, ok := w.d.Store().(interface{ Commits() uint64 })
+	if !ok {
+		t.Fatalf("the daemon's store %T does not count its commits", w.d.Store())
+	}
+	ctx := context.Background()
+	ns := w.pod()
+	before := st.Commits()
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "oldstyle", "chatty")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Commits() - before; n != 2 {
+		t.Errorf("an attach of three image networks committed %d times, want 2 (intent, outcome)", n)
+	}
+	before = st.Commits()
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Commits() - before; n != 1 {
+		t.Errorf("a detach of three networks committed %d times, want 1", n)
+	}
+	w.assertNothingLeft(uuid1, ns)
+}

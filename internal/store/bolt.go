@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -38,6 +39,7 @@ type Bolt struct {
 	path       string
 	checkPools bool
 	group      groupCommit // attachment writes, the ones every ADD and DEL makes
+	commits    atomic.Uint64
 }
 
 var _ Store = (*Bolt)(nil)
@@ -66,8 +68,14 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("initialise store %q: %w", path, err)
 	}
-	return &Bolt{db: db, path: path, checkPools: !o.AttachmentsOnly, group: groupCommit{db: db}}, nil
+	s := &Bolt{db: db, path: path, checkPools: !o.AttachmentsOnly}
+	s.group = groupCommit{db: db, commits: &s.commits}
+	return s, nil
 }
+
+// Commits is how many write transactions this store committed since it
+// was opened (each one durable: bbolt syncs the file at every commit).
+func (s *Bolt) Commits() uint64 { return s.commits.Load() }
 
 func (s *Bolt) Describe() string { return "bolt:" + s.path }
 func (s *Bolt) Close() error     { return s.db.Close() }
@@ -87,7 +95,7 @@ func (s *Bolt) CreatePool(ctx context.Context, p Pool, check func([]Pool) error)
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return update(s.db, &s.commits, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPools)
 		if b.Get([]byte(p.Name)) != nil {
 			return fmt.Errorf("pool %q: %w", p.Name, ErrExists)
@@ -140,7 +148,7 @@ func (s *Bolt) ListPools(ctx context.Context) ([]Pool, error) {
 }
 
 func (s *Bolt) DeletePool(ctx context.Context, name string, check func([]Attachment) error) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return update(s.db, &s.commits, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPools)
 		if b.Get([]byte(name)) == nil {
 			return fmt.Errorf("pool %q: %w", name, ErrNotFound)
@@ -196,7 +204,7 @@ func (s *Bolt) ListBlocks(ctx context.Context, pool string) ([]Block, error) {
 
 func (s *Bolt) ClaimBlock(ctx context.Context, pool, node string, limit uint32, want *uint32, ok func(uint32) bool) (Block, error) {
 	var got Block
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := update(s.db, &s.commits, func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketPools).Get([]byte(pool)) == nil {
 			return fmt.Errorf("pool %q: %w", pool, ErrNotFound)
 		}
@@ -241,7 +249,7 @@ func (s *Bolt) ClaimBlock(ctx context.Context, pool, node string, limit uint32, 
 }
 
 func (s *Bolt) ReleaseBlock(ctx context.Context, pool string, index uint32, node string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return update(s.db, &s.commits, func(tx *bolt.Tx) error {
 		sub := tx.Bucket(bucketBlocks).Bucket([]byte(pool))
 		if sub == nil {
 			return nil
@@ -333,7 +341,7 @@ func (s *Bolt) ListAttachments(ctx context.Context) ([]Attachment, error) {
 }
 
 func (s *Bolt) PutMeta(ctx context.Context, kind, key string, value []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return update(s.db, &s.commits, func(tx *bolt.Tx) error {
 		sub, err := tx.Bucket(bucketMeta).CreateBucketIfNotExists([]byte(kind))
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package store
 
 import (
 	"sync"
+	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -23,6 +24,7 @@ import (
 // failure takes the others down with it.
 type groupCommit struct {
 	db      *bolt.DB
+	commits *atomic.Uint64 // counts the transactions committed
 	mu      sync.Mutex
 	busy    bool          // a group is being committed
 	pending []*groupWrite // changes queued for the next group
@@ -83,10 +85,10 @@ func (g *groupCommit) lead(group []*groupWrite) error {
 func (g *groupCommit) commit(group []*groupWrite) []error {
 	errs := make([]error, len(group))
 	if len(group) == 1 {
-		errs[0] = g.db.Update(group[0].fn)
+		errs[0] = update(g.db, g.commits, group[0].fn)
 		return errs
 	}
-	err := g.db.Update(func(tx *bolt.Tx) error {
+	err := update(g.db, g.commits, func(tx *bolt.Tx) error {
 		for _, w := range group {
 			if err := w.fn(tx); err != nil {
 				return err
@@ -96,8 +98,19 @@ func (g *groupCommit) commit(group []*groupWrite) []error {
 	})
 	if err != nil {
 		for i, w := range group {
-			errs[i] = g.db.Update(w.fn)
+			errs[i] = update(g.db, g.commits, w.fn)
 		}
 	}
 	return errs
+}
+
+// update is db.Update counting each committed transaction in n.
+func update(db *bolt.DB, n *atomic.Uint64, fn func(*bolt.Tx) error) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		tx.OnCommit(func() { n.Add(1) })
+		return nil
+	})
 }

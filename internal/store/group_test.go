@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func openGroup(t *testing.T) *groupCommit {
 	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("b")); return err }); err != nil {
 		t.Fatal(err)
 	}
-	return &groupCommit{db: db}
+	return &groupCommit{db: db, commits: new(atomic.Uint64)}
 }
 
 // put is a change that records key and the transaction it ran in.
