@@ -28,6 +28,12 @@ import (
 type Sandbox struct {
 	opts Options
 	pool *pool
+	// cgroups makes each call's cgroups; nil when calls run without
+	// (Options.Cgroups).
+	cgroups *cgroupSet
+	// seccomp is the filter every call loads (confine_linux.go); nil on
+	// an architecture without one.
+	seccomp []byte
 }
 
 // New returns a Sandbox, creating the scratch directory and starting the
@@ -49,9 +55,45 @@ func New(o Options) (*Sandbox, error) {
 		return nil, fmt.Errorf("create sandbox scratch directory: %w", err)
 	}
 	s := &Sandbox{opts: o}
+	if err := s.confine(); err != nil {
+		return nil, err
+	}
 	s.pool = newPool(s, o.Prestart)
 	s.pool.refill()
 	return s, nil
+}
+
+// confine prepares what every call is confined by: its cgroups (or the
+// warning that there will be none) and the seccomp filter.
+func (s *Sandbox) confine() error {
+	var err error
+	if s.seccomp, err = seccompFilter(); err != nil {
+		s.opts.Logger.Warn("sandbox: plugins run without a seccomp filter", "err", err)
+	}
+	if s.opts.Cgroups == CgroupOff {
+		return nil
+	}
+	s.cgroups, err = newCgroupSet(s.opts)
+	switch {
+	case err == nil:
+	case s.opts.Cgroups == CgroupRequire:
+		return fmt.Errorf("sandbox cgroups: %w", err)
+	default:
+		s.opts.Logger.Warn("sandbox: plugin calls run without cgroups of their own: no pids or memory limit per call, their processes and memory count against the daemon's (set the sandbox's cgroup mode to require them, or off to silence this)", "err", err)
+	}
+	return nil
+}
+
+// newCgroup makes a call's cgroups, or returns nil when calls run without.
+func (s *Sandbox) newCgroup(path string) (*callCgroup, error) {
+	if s.cgroups == nil {
+		return nil, nil
+	}
+	cg, err := s.cgroups.create()
+	if err != nil {
+		return nil, &Error{Path: path, Err: fmt.Errorf("%w: %w", ErrSetup, err), ExitCode: -1}
+	}
+	return cg, nil
 }
 
 // Close stops the inits kept warm. Calls running go on; later calls start
@@ -94,6 +136,14 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The call's cgroups, killed and removed once it is over (deferred
+	// before the refill, so they run first).
+	cg, err := s.newCgroup(spec.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer s.dropCgroup(cg)
+	is.Cgroups = cg.procs()
 	// A warm init if one is ready (see pool), else a cold start.
 	defer s.pool.refill()
 	var wait func() error
@@ -165,13 +215,30 @@ type stopHow struct {
 	grace  time.Duration
 }
 
-// start checks spec and starts it cold (see startCold).
-func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer, stop stopHow) (*exec.Cmd, error) {
+// start checks spec and starts it cold (see startCold) in cgroups of its
+// own; the caller calls done once it has waited for cmd.
+func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer, stop stopHow) (cmd *exec.Cmd, done func(), err error) {
 	is, err := s.initSpec(spec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stop)
+	cg, err := s.newCgroup(spec.Path)
+	if err != nil {
+		return nil, nil, err
+	}
+	is.Cgroups = cg.procs()
+	if cmd, err = s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stop); err != nil {
+		s.dropCgroup(cg)
+		return nil, nil, err
+	}
+	return cmd, func() { s.dropCgroup(cg) }, nil
+}
+
+// dropCgroup kills what is left in a call's cgroups and removes them.
+func (s *Sandbox) dropCgroup(cg *callCgroup) {
+	if err := cg.destroy(); err != nil {
+		s.opts.Logger.Error("sandbox: call cgroup left behind", "err", err)
+	}
 }
 
 // startCold starts an init for is and returns once the executable runs
@@ -279,6 +346,11 @@ func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 		// The node's namespace stays pinned by its path for the
 		// sandbox's life; a missing one fails the call's setup.
 		NodeNetNS: s.opts.NodeNetNS,
+		// The confinement (confine_linux.go).
+		Rlimits:    s.opts.rlimits(),
+		Caps:       &pluginCaps,
+		NoNewPrivs: true,
+		Seccomp:    s.seccomp,
 	}
 	if spec.NetNS != "" {
 		if err := netns.IsNetNS(spec.NetNS); err != nil {
