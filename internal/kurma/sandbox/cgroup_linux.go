@@ -32,8 +32,11 @@ import (
 // cgroupSet is where a Sandbox makes its calls' cgroups.
 type cgroupSet struct {
 	ctrls []cgroupCtrl
-	seq   atomic.Uint64
 }
+
+// cgroupSeq numbers the calls' cgroups, across all the Sandboxes of the
+// process.
+var cgroupSeq atomic.Uint64
 
 // cgroupCtrl is one hierarchy: the parent directory and the limit files
 // written into each call's directory, in order.
@@ -218,7 +221,7 @@ func unescape(s string) string {
 
 // create makes one call's cgroups with their limits.
 func (c *cgroupSet) create() (cg *callCgroup, err error) {
-	name := fmt.Sprintf("%d-%d", os.Getpid(), c.seq.Add(1))
+	name := fmt.Sprintf("%d-%d", os.Getpid(), cgroupSeq.Add(1))
 	cg = &callCgroup{}
 	defer func() {
 		if err != nil {
