@@ -15,8 +15,8 @@ import (
 // Measured, not guessed: the reference CNI plugins (bridge, macvlan, ptp,
 // host-local, loopback...) packed into images and run through the sandbox
 // (internal/kurma/pack TestSandboxedPlugins, test/kurma) pass with exactly
-// this set, and each test fails when any one of the first three is taken
-// away (see TestCapabilitiesNeeded):
+// this set, and fail without either of the first two (internal/kurma/pack
+// TestCapabilitiesNeeded takes each away in turn):
 //
 //   - CAP_NET_ADMIN: links, addresses, routes, sysctls under /proc/sys/net;
 //   - CAP_SYS_ADMIN: setns(2) into the pod's network namespace (the kernel
@@ -38,8 +38,6 @@ var PluginCapabilities = []int{
 	unix.CAP_NET_RAW,
 	unix.CAP_NET_BIND_SERVICE,
 }
-
-var pluginCaps = capMask(PluginCapabilities)
 
 func capMask(caps []int) uint64 {
 	var m uint64

@@ -146,7 +146,7 @@ func TestHostilePrivileges(t *testing.T) {
 		if r["NoNewPrivs"] != "1" || r["Seccomp"] != "2" {
 			t.Errorf("NoNewPrivs %v, Seccomp %v; want 1 and 2 (filter)", r["NoNewPrivs"], r["Seccomp"])
 		}
-		want := fmt.Sprintf("%016x", pluginCaps)
+		want := fmt.Sprintf("%016x", capMask(PluginCapabilities))
 		for _, k := range []string{"CapPrm", "CapEff", "CapBnd", "childCapEff"} {
 			if r[k] != want {
 				t.Errorf("%s = %v, want %s", k, r[k], want)

@@ -34,6 +34,7 @@ type Sandbox struct {
 	// seccomp is the filter every call loads (confine_linux.go); nil on
 	// an architecture without one.
 	seccomp []byte
+	caps    uint64 // Options.Capabilities as a mask
 }
 
 // New returns a Sandbox, creating the scratch directory and starting the
@@ -66,6 +67,7 @@ func New(o Options) (*Sandbox, error) {
 // confine prepares what every call is confined by: its cgroups (or the
 // warning that there will be none) and the seccomp filter.
 func (s *Sandbox) confine() error {
+	s.caps = capMask(s.opts.Capabilities)
 	var err error
 	if s.seccomp, err = seccompFilter(); err != nil {
 		s.opts.Logger.Warn("sandbox: plugins run without a seccomp filter", "err", err)
@@ -348,7 +350,7 @@ func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 		NodeNetNS: s.opts.NodeNetNS,
 		// The confinement (confine_linux.go).
 		Rlimits:    s.opts.rlimits(),
-		Caps:       &pluginCaps,
+		Caps:       &s.caps,
 		NoNewPrivs: true,
 		Seccomp:    s.seccomp,
 	}

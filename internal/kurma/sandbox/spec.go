@@ -98,6 +98,10 @@ type Options struct {
 	// kernel's OOM killer picks within the call. Default
 	// DefaultMemoryLimit.
 	MemoryLimit int64
+	// Capabilities are the capability numbers (unix.CAP_*) a call keeps.
+	// Default PluginCapabilities; set it only for a plugin that needs
+	// more, knowing what the capability opens.
+	Capabilities []int
 	// NoFileLimit is RLIMIT_NOFILE inside (soft and hard). Default
 	// DefaultNoFileLimit.
 	NoFileLimit int
@@ -158,6 +162,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Capabilities == nil {
+		o.Capabilities = PluginCapabilities
 	}
 	return o
 }

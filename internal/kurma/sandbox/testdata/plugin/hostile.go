@@ -114,7 +114,11 @@ func hostile(c config) {
 		os.MkdirAll("/tmp/m", 0o755)
 		r["mount"] = errs(unix.Mount("probe", "/tmp/m", "tmpfs", 0, ""))
 		r["umountProc"] = errs(unix.Unmount("/proc/keys", unix.MNT_DETACH))
-		r["sethostname"] = errs(unix.Sethostname(nil))
+		// The UTS namespace is the host's: set the name it already has, so
+		// that even where this succeeds nothing changes.
+		var uts unix.Utsname
+		unix.Uname(&uts)
+		r["sethostname"] = errs(unix.Sethostname([]byte(unix.ByteSliceToString(uts.Nodename[:]))))
 		r["unshareUser"] = errs(unix.Unshare(unix.CLONE_NEWUSER))
 		r["mknod"] = errs(unix.Mknod("/tmp/sda", unix.S_IFBLK|0o600, int(unix.Mkdev(8, 0))))
 		// A program exec'd from here, setuid-root bits or file
