@@ -57,7 +57,9 @@ func TestCapabilitiesNeeded(t *testing.T) {
 		pod := harness.NewNS(t, "pod")
 		const id = "0b5f3c1e-2a4d-4c8e-9b7a-6d1e0f2a3b4c"
 		for _, c := range configs {
-			p := sandbox.Plugin{Rootfs: img.Root, Config: []byte(c.config), StateDir: t.TempDir()}
+			state := t.TempDir()
+			t.Cleanup(func() { sb.ReleaseState(state) }) // a tmpfs, kept past Close
+			p := sandbox.Plugin{Rootfs: img.Root, Config: []byte(c.config), StateDir: state}
 			_, addErr := sb.Run(context.Background(), p.Call(sandbox.OpAdd, pod.Path(), id, c.ifname))
 			_, delErr := sb.Run(context.Background(), p.Call(sandbox.OpDel, pod.Path(), id, c.ifname))
 			if addErr != nil || delErr != nil {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The hostile-image tests: each runs a plugin that tries one way out of the
@@ -166,3 +168,57 @@ func TestHostilePrivileges(t *testing.T) {
 		assertNoCgroups(t, e.sb)
 	})
 }
+
+// TestHostileFillState: writing past the state directory's size fails with
+// ENOSPC inside the call and the host's disk gets nothing. The directory is
+// a tmpfs that keeps what plugins wrote across calls and across a new
+// Sandbox (a daemon restart), and took over what the directory held.
+func TestHostileFillState(t *testing.T) {
+	e := newEnv(t, Options{Prestart: -1, StateSize: 4 << 20})
+	if err := e.sb.ReleaseState(e.state); err != nil { // newEnv mounted it
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.state, "before"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := e.hostile(t, "fillstate", `,"mb":64`)
+	wantErr(t, r, "err", "no space left on device")
+	if n, _ := r["writtenMB"].(float64); n > 4 {
+		t.Errorf("wrote %v MiB into a 4 MiB state directory", n)
+	}
+	// A new Sandbox (skeind restarted) adopts the tmpfs: the files are
+	// still there, and so is the limit.
+	sb2, err := New(Options{ScratchDir: e.sb.opts.ScratchDir, Prestart: -1, StateSize: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb2.Close()
+	res, err := sb2.Run(context.Background(), e.spec(`{"mode":"hostile","probe":"fillstate","mb":1,"token":"-after-restart"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Stdout), "no space left on device") {
+		t.Errorf("after a restart the state directory is not full any more: %s", res.Stdout)
+	}
+	if b, err := os.ReadFile(filepath.Join(e.state, "before")); err != nil || string(b) != "kept" {
+		t.Errorf("the state directory's earlier contents: %q, %v", b, err)
+	}
+	var fsst syscallStatfs
+	if err := statfs(e.state, &fsst); err != nil || fsst.Type != tmpfsMagic {
+		t.Errorf("state directory is not a tmpfs (type %#x, %v)", fsst.Type, err)
+	}
+	// Released, the disk directory underneath holds nothing of it.
+	if err := e.sb.ReleaseState(e.state); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(e.state)
+	if len(ents) != 0 {
+		t.Errorf("host disk directory holds %d entries after the release, want none", len(ents))
+	}
+}
+
+type syscallStatfs = unix.Statfs_t
+
+const tmpfsMagic = unix.TMPFS_MAGIC
+
+func statfs(p string, st *unix.Statfs_t) error { return unix.Statfs(p, st) }

@@ -35,6 +35,7 @@ type Sandbox struct {
 	// an architecture without one.
 	seccomp []byte
 	caps    uint64 // Options.Capabilities as a mask
+	state   stateMounts
 }
 
 // New returns a Sandbox, creating the scratch directory and starting the
@@ -371,6 +372,9 @@ func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 	if spec.StateDir != "" {
 		if err := isDir(spec.StateDir); err != nil {
 			return nil, fmt.Errorf("sandbox spec: state directory: %w", err)
+		}
+		if err := s.prepareState(spec.StateDir); err != nil {
+			return nil, fmt.Errorf("sandbox spec: %w", err)
 		}
 		is.StateDir = spec.StateDir
 		is.StateMount = spec.StateMount

@@ -28,6 +28,10 @@ const (
 	DefaultMemoryLimit = 256 << 20
 	// DefaultNoFileLimit is the open-file limit (RLIMIT_NOFILE) inside.
 	DefaultNoFileLimit = 4096
+	// DefaultStateSize and DefaultStateInodes bound a network's state
+	// directory (host-local keeps a small file per address).
+	DefaultStateSize   = 16 << 20
+	DefaultStateInodes = 16384
 	// DefaultCgroupName is the cgroup, under the daemon's own in each
 	// hierarchy, holding one cgroup per call.
 	DefaultCgroupName = "skein-sandbox"
@@ -98,6 +102,14 @@ type Options struct {
 	// kernel's OOM killer picks within the call. Default
 	// DefaultMemoryLimit.
 	MemoryLimit int64
+	// StateSize caps a network's state directory in bytes: the sandbox
+	// mounts a tmpfs that size over it (see state_linux.go for what that
+	// keeps across restarts and reboots). Default DefaultStateSize;
+	// negative: the directory is bound as it is, without a limit.
+	StateSize int64
+	// StateInodes caps the files in a state directory. Default
+	// DefaultStateInodes.
+	StateInodes int64
 	// Capabilities are the capability numbers (unix.CAP_*) a call keeps.
 	// Default PluginCapabilities; set it only for a plugin that needs
 	// more, knowing what the capability opens.
@@ -162,6 +174,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.StateSize == 0 {
+		o.StateSize = DefaultStateSize
+	}
+	if o.StateInodes <= 0 {
+		o.StateInodes = DefaultStateInodes
 	}
 	if o.Capabilities == nil {
 		o.Capabilities = PluginCapabilities

@@ -86,7 +86,7 @@ func hostile(c config) {
 		var werr error
 		for written < c.MB<<20 && werr == nil {
 			// Many files as well as bytes: inodes are a resource too.
-			p := filepath.Join(state, fmt.Sprintf("fill-%d", files))
+			p := filepath.Join(state, fmt.Sprintf("fill%s-%d", c.Token, files))
 			werr = os.WriteFile(p, buf, 0o644)
 			if werr == nil {
 				written += len(buf)
