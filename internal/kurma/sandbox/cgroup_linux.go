@@ -257,43 +257,67 @@ func (cg *callCgroup) procs() []string {
 	return out
 }
 
-// destroy kills every process left in the cgroups and removes them. The
-// PID namespace's end has normally killed everything already; this is the
-// backstop. It gives up after a few seconds (a process stuck in the
-// kernel) and says so.
-func (cg *callCgroup) destroy() error {
+// kill kills every process left in the cgroups and returns once they are
+// empty. The PID namespace's end has normally killed everything already
+// (then this is one read of each cgroup.procs); this is the backstop for
+// anything that left the tree. It gives up after a few seconds (a process
+// stuck in the kernel) and says so.
+func (cg *callCgroup) kill() error {
+	if cg == nil {
+		return nil
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for i, dir := range cg.dirs {
+		if cg.v2[i] {
+			os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		}
+		for {
+			pids, err := cgroupPids(dir)
+			if errors.Is(err, os.ErrNotExist) || err == nil && len(pids) == 0 {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("cgroup %s: %d processes left after SIGKILL", dir, len(pids))
+			}
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// remove removes the (empty) cgroups. A cgroup whose last task has exited
+// may stay busy for a moment while the kernel finishes with it.
+func (cg *callCgroup) remove() error {
 	if cg == nil {
 		return nil
 	}
 	var errs []error
 	deadline := time.Now().Add(5 * time.Second)
 	for i := len(cg.dirs) - 1; i >= 0; i-- {
-		dir := cg.dirs[i]
-		if cg.v2[i] {
-			os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-		}
 		for {
-			pids, err := cgroupPids(dir)
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-				break
-			}
-			for _, pid := range pids {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-			err = os.Remove(dir)
+			err := os.Remove(cg.dirs[i])
 			if err == nil || errors.Is(err, os.ErrNotExist) {
 				break
 			}
 			if time.Now().After(deadline) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s (%d processes left): %w", dir, len(pids), err))
+				errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
 				break
 			}
 			time.Sleep(time.Millisecond)
 		}
 	}
-	cg.dirs, cg.v2 = nil, nil
 	return errors.Join(errs...)
+}
+
+// destroy is kill then remove.
+func (cg *callCgroup) destroy() error {
+	return errors.Join(cg.kill(), cg.remove())
 }
 
 func cgroupPids(dir string) ([]int, error) {

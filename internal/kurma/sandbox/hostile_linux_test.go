@@ -35,12 +35,16 @@ func (e *testEnv) hostile(t *testing.T, probe string, extra string) map[string]a
 	return r
 }
 
-// assertNoCgroups checks that no cgroup of this process's calls is left.
+// assertNoCgroups checks that no cgroup of this process's calls is left
+// once sb is closed.
 func assertNoCgroups(t *testing.T, sb *Sandbox) {
 	t.Helper()
 	if sb.cgroups == nil {
 		t.Fatal("the sandbox runs without cgroups")
 	}
+	// Close stops the warm inits (each waits in cgroups of its own) and
+	// waits for the removals running in the background.
+	sb.Close()
 	for _, c := range sb.cgroups.ctrls {
 		ents, _ := os.ReadDir(c.parent)
 		for _, e := range ents {
@@ -127,11 +131,11 @@ func TestHostileMemory(t *testing.T) {
 	if !errors.As(err, &se) || !errors.Is(err, ErrExit) || se.Signal != "killed" {
 		t.Fatalf("err = %v; want the plugin killed (SIGKILL by the OOM killer)", err)
 	}
-	assertNoCgroups(t, e.sb)
 	// The sandbox still works.
 	if _, err := e.sb.Run(context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
 		t.Errorf("a call after the OOM kill: %v", err)
 	}
+	assertNoCgroups(t, e.sb)
 }
 
 // TestHostilePrivileges: no module loading, mounting, unmounting the masks,

@@ -46,7 +46,11 @@ type pool struct {
 // warmInit is an init waiting for its spec, with the parent's ends of its
 // pipes.
 type warmInit struct {
-	cmd                    *exec.Cmd
+	sb  *Sandbox
+	cmd *exec.Cmd
+	// cg holds the init since its start; the call that claims it owns
+	// it from then on.
+	cg                     *callCgroup
 	spec, stdin            *os.File // write ends
 	status, stdout, stderr *os.File // read ends
 }
@@ -125,7 +129,7 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 	// The child's ends are closed here once it has them (or on failure,
 	// with ours).
 	var childIn, childOut, childErr, childStatus, childSpec *os.File
-	w = &warmInit{}
+	w = &warmInit{sb: s}
 	defer func() {
 		for _, f := range []*os.File{childIn, childOut, childErr, childStatus, childSpec} {
 			if f != nil {
@@ -134,6 +138,7 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 		}
 		if err != nil {
 			w.closeFiles()
+			s.dropCgroup(w.cg)
 		}
 	}()
 	for _, pp := range []struct{ r, w **os.File }{
@@ -144,7 +149,16 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 			return nil, fmt.Errorf("sandbox pipe: %w", err)
 		}
 	}
-	cmd := s.initCommand(context.Background(), sandboxinit.WarmEnv+"=1")
+	// The call's cgroups are made now and the init joins them as it
+	// starts: both off the call's path.
+	env := []string{sandboxinit.WarmEnv + "=1"}
+	if w.cg, err = s.newCgroup(""); err != nil {
+		return nil, err
+	}
+	if procs := w.cg.procs(); len(procs) > 0 {
+		env = append(env, sandboxinit.CgroupsEnv+"="+strings.Join(procs, "\n"))
+	}
+	cmd := s.initCommand(context.Background(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, childErr
 	cmd.ExtraFiles = []*os.File{childStatus, childSpec} // fds 3 and 4
 	if err = startLocked(cmd); err != nil {
@@ -222,6 +236,7 @@ func (w *warmInit) discard() {
 	if w.cmd != nil {
 		w.cmd.Wait()
 	}
+	w.sb.dropCgroup(w.cg)
 }
 
 func (w *warmInit) closeFiles() {

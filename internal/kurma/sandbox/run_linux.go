@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -35,7 +36,9 @@ type Sandbox struct {
 	// an architecture without one.
 	seccomp []byte
 	caps    uint64 // Options.Capabilities as a mask
-	state   stateMounts
+	// removing counts cgroup removals under way (dropCgroup).
+	removing sync.WaitGroup
+	state    stateMounts
 }
 
 // New returns a Sandbox, creating the scratch directory and starting the
@@ -103,6 +106,7 @@ func (s *Sandbox) newCgroup(path string) (*callCgroup, error) {
 // cold. Safe to call more than once.
 func (s *Sandbox) Close() error {
 	s.pool.close()
+	s.removing.Wait()
 	return nil
 }
 
@@ -139,23 +143,28 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The call's cgroups, killed and removed once it is over (deferred
-	// before the refill, so they run first).
-	cg, err := s.newCgroup(spec.Path)
-	if err != nil {
-		return nil, err
-	}
-	defer s.dropCgroup(cg)
-	is.Cgroups = cg.procs()
-	// A warm init if one is ready (see pool), else a cold start.
+	// A warm init if one is ready (see pool), else a cold start. Either
+	// way the call's cgroups (the warm init's, or made for a cold start)
+	// are killed and removed once it is over (deferred before the refill,
+	// so that runs first).
 	defer s.pool.refill()
-	var wait func() error
+	var (
+		wait func() error
+		cg   *callCgroup
+	)
+	defer func() { s.dropCgroup(cg) }()
 	if w := s.pool.take(); w != nil {
+		cg = w.cg
 		if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
 			s.pool.warm.Add(1)
 		}
 	}
 	if wait == nil && (err == nil || errors.Is(err, errStale)) {
+		s.dropCgroup(cg)
+		if cg, err = s.newCgroup(spec.Path); err != nil {
+			return nil, err
+		}
+		is.Cgroups = cg.procs()
 		s.pool.cold.Add(1)
 		var cmd *exec.Cmd
 		if cmd, err = s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stopHow{}); err == nil {
@@ -237,11 +246,21 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 	return cmd, func() { s.dropCgroup(cg) }, nil
 }
 
-// dropCgroup kills what is left in a call's cgroups and removes them.
+// dropCgroup kills what is left in a call's cgroups, then removes them in
+// the background (removing a memory cgroup takes a few hundred
+// microseconds the caller need not wait for; Close does).
 func (s *Sandbox) dropCgroup(cg *callCgroup) {
-	if err := cg.destroy(); err != nil {
-		s.opts.Logger.Error("sandbox: call cgroup left behind", "err", err)
+	if cg == nil {
+		return
 	}
+	if err := cg.kill(); err != nil {
+		s.opts.Logger.Error("sandbox: processes left in a call's cgroup", "err", err)
+	}
+	s.removing.Go(func() {
+		if err := cg.remove(); err != nil {
+			s.opts.Logger.Error("sandbox: call cgroup left behind", "err", err)
+		}
+	})
 }
 
 // startCold starts an init for is and returns once the executable runs
@@ -292,12 +311,12 @@ func (s *Sandbox) startCold(ctx context.Context, is *sandboxinit.Spec, stdin io.
 }
 
 // initCommand is the init's command line, environment and namespaces.
-func (s *Sandbox) initCommand(ctx context.Context, env string) *exec.Cmd {
+func (s *Sandbox) initCommand(ctx context.Context, env ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, s.opts.InitPath)
 	cmd.Args = []string{sandboxinit.Arg0}
 	// The init's own environment (the plugin gets Spec.Env): one P is
 	// plenty for a few syscalls and starts measurably faster (~0.3 ms).
-	cmd.Env = []string{env, "GOMAXPROCS=1"}
+	cmd.Env = append(env, "GOMAXPROCS=1")
 	cmd.Dir = "/"
 	// The init is PID 1 of the new PID namespace: SIGKILL to it (timeout,
 	// cancel) takes the whole tree with it.
