@@ -16,8 +16,10 @@ import (
 )
 
 // Every call and main exec gets a pids and a memory cgroup of its own,
-// named <daemon pid>-<sequence> under Options.CgroupParent. The init joins
-// them before it builds anything (sandboxinit writes cgroup.procs), so the
+// named <daemon pid>-<sequence> under Options.CgroupParent. The init is in
+// them before it builds anything (a cold init joins them first thing,
+// writing cgroup.procs itself; a warm one is moved in when it is started
+// ahead of need, see pool), so the
 // whole tree — the plugin, what it forks, its tmpfs pages — counts against
 // the call's limits and not the daemon's. When the call ends (exit,
 // timeout, cancel) every process still in them is killed, which catches
@@ -255,6 +257,16 @@ func (cg *callCgroup) procs() []string {
 		out[i] = filepath.Join(d, "cgroup.procs")
 	}
 	return out
+}
+
+// add moves process pid (all its threads) into the cgroups.
+func (cg *callCgroup) add(pid int) error {
+	for _, p := range cg.procs() {
+		if err := os.WriteFile(p, []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("move the sandbox init into its cgroup: %w", err)
+		}
+	}
+	return nil
 }
 
 // kill kills every process left in the cgroups and returns once they are

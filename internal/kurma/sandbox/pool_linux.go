@@ -149,22 +149,25 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 			return nil, fmt.Errorf("sandbox pipe: %w", err)
 		}
 	}
-	// The call's cgroups are made now and the init joins them as it
-	// starts: both off the call's path.
-	env := []string{sandboxinit.WarmEnv + "=1"}
-	if w.cg, err = s.newCgroup(""); err != nil {
-		return nil, err
-	}
-	if procs := w.cg.procs(); len(procs) > 0 {
-		env = append(env, sandboxinit.CgroupsEnv+"="+strings.Join(procs, "\n"))
-	}
-	cmd := s.initCommand(context.Background(), env...)
+	cmd := s.initCommand(context.Background(), sandboxinit.WarmEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, childErr
 	cmd.ExtraFiles = []*os.File{childStatus, childSpec} // fds 3 and 4
 	if err = startLocked(cmd); err != nil {
 		return nil, fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err)
 	}
 	w.cmd = cmd
+	// The call's cgroups are made now and the init moved into them before
+	// it counts as ready: both off the call's path. (On cgroup v1 a move
+	// waits for an RCU grace period, several milliseconds; a cold start
+	// pays it on the call's path.)
+	if w.cg, err = s.newCgroup(""); err == nil {
+		err = w.cg.add(cmd.Process.Pid)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
 	return w, nil
 }
 

@@ -33,13 +33,8 @@ const (
 	Arg0    = "skein-sandbox-init"
 	SpecEnv = "SKEIN_SANDBOX_SPEC"
 	WarmEnv = "SKEIN_SANDBOX_WARM"
-	// CgroupsEnv, for a warm init, lists (one a line) the cgroup.procs
-	// files it joins as soon as it starts, so that a call claiming it
-	// does not pay for the move (Spec.Cgroups is the same for a cold
-	// start).
-	CgroupsEnv = "SKEIN_SANDBOX_CGROUPS"
-	ErrFD      = 3
-	SpecFD     = 4
+	ErrFD   = 3
+	SpecFD  = 4
 )
 
 // Spec is what the init needs to build the sandbox and exec. Paths are
@@ -104,9 +99,6 @@ func MaybeRun() {
 	err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, "")
 	if err != nil {
 		err = fmt.Errorf("make mounts slaves: %w", err)
-	}
-	if cg := os.Getenv(CgroupsEnv); err == nil && !cold && cg != "" {
-		err = joinCgroups(strings.Split(cg, "\n"))
 	}
 	if err == nil && !cold {
 		raw, err = waitForSpec()
