@@ -23,9 +23,11 @@ import (
 //     asks for it on top of CAP_NET_ADMIN); what else it would allow is cut
 //     off by the seccomp filter (no mount, no namespaces other than
 //     network ones, no bpf...);
-//   - CAP_NET_RAW: raw and packet sockets (arping, DHCP, iptables);
-//   - CAP_NET_BIND_SERVICE: a main exec serving DHCP or DNS binds a port
-//     below 1024.
+//   - CAP_NET_RAW and CAP_NET_BIND_SERVICE: none of the measured plugins
+//     needs them; they are kept for plugins the test cannot run (the DHCP
+//     plugin's packet sockets, iptables-legacy's raw socket, a main exec
+//     serving DHCP or DNS on a port below 1024). Dropping them would be
+//     a guess the other way.
 //
 // Left out, among others: CAP_DAC_READ_SEARCH (open_by_handle_at reaches
 // any file of a host file system the sandbox shows, by a made-up handle),
