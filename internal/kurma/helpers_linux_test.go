@@ -157,6 +157,9 @@ func newWorld(t *testing.T, nets string) *world {
 	t.Helper()
 	needRoot(t)
 	w := &world{t: t, node: harness.NewNS(t, "knode"), dir: t.TempDir(), log: &bytes.Buffer{}}
+	// The networks' state directories are tmpfs mounts that outlive the
+	// daemon (see package sandbox); after it stops, before the removal.
+	t.Cleanup(func() { harness.UnmountUnder(w.dir) })
 	w.state = filepath.Join(w.dir, "state", "pod-networks")
 	w.cfg = daemon.Config{
 		Node: "test-node", StateDir: filepath.Join(w.dir, "state"), Socket: filepath.Join(w.dir, "sock"),

@@ -130,7 +130,12 @@ func StartDaemon(t testing.TB, o Options) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		// The pod networks' state directories are tmpfs mounts that
+		// outlive skeind (see internal/kurma/sandbox).
+		harness.UnmountUnder(dir)
+		os.RemoveAll(dir)
+	})
 	d := &Daemon{Node: o.Node, Dir: dir, Socket: filepath.Join(dir, "skeind.sock"), BinDir: bin, t: t}
 	d.args = []string{
 		"--node-netns", o.Node.Path(),

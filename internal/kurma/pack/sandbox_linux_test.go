@@ -51,6 +51,8 @@ func TestSandboxedPlugins(t *testing.T) {
 	states := map[string]string{}
 	for _, n := range nets {
 		states[n.ifname] = t.TempDir()
+		dir := states[n.ifname]
+		t.Cleanup(func() { sb.ReleaseState(dir) }) // a tmpfs, kept past Close
 		p := sandbox.Plugin{Rootfs: img.Root, Config: []byte(n.config), StateDir: states[n.ifname]}
 		res, err := sb.Run(context.Background(), p.Call(sandbox.OpAdd, pod.Path(), id, n.ifname))
 		if err != nil {

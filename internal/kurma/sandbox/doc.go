@@ -18,8 +18,14 @@
 //	/              the image rootfs, read-only (an overlay over it whose only
 //	               writes are the mount points below, so the image cache is
 //	               never modified, then remounted read-only)
-//	/proc          a fresh procfs of the call's PID namespace
-//	/sys           a fresh sysfs, read-only
+//	/proc          a fresh procfs of the call's PID namespace; as runc has
+//	               it, /proc/sys, /proc/bus, /proc/fs, /proc/irq and
+//	               /proc/sysrq-trigger read-only (but /proc/sys/net
+//	               writable: plugins set forwarding and link sysctls) and
+//	               /proc/kcore, /proc/keys, /proc/timer_list, /proc/acpi,
+//	               /proc/scsi... masked (/dev/null or an empty read-only
+//	               tmpfs over them)
+//	/sys           a fresh sysfs, read-only, /sys/firmware masked
 //	/dev           a small tmpfs: null, zero, full, random, urandom, tty and
 //	               the fd/stdin/stdout/stderr links
 //	/tmp, /run     tmpfs, writable, gone with the call
@@ -27,7 +33,10 @@
 //	<netns dir>    the directory holding the pod's netns path, at the same
 //	               path, so the argument works as given; read-only
 //	/var/lib/network  the network's state directory (host directory given
-//	               by the caller), writable and kept between calls
+//	               by the caller), writable and kept between calls: a tmpfs
+//	               of Options.StateSize bytes mounted over the host
+//	               directory on first use (see state_linux.go for what
+//	               survives a restart and a reboot)
 //
 // The old root is detached after pivot_root, so nothing else of the host's
 // filesystem is reachable. Mount targets are resolved inside the new root
@@ -46,15 +55,56 @@
 // exits anyway. Callers pin the namespace first (bind-mount it to a file)
 // and pass the pin.
 //
-// This is containment of a trusted plugin's mistakes and lifecycle, not a
-// security boundary: a plugin runs as root with every capability in the
-// host's network namespace, as the contract requires.
+// # Confinement
+//
+// A plugin is code from an image, and the sandbox is meant to hold one that
+// is hostile: what it may do is what a network plugin needs, and no more.
+// Each call (and each run of a main exec):
+//
+//   - runs in a pids and a memory cgroup of its own (Options.PidsLimit,
+//     MemoryLimit), under DefaultCgroupName in the daemon's own cgroup, so
+//     that a container's limits on skeind still hold over its plugins. A
+//     fork bomb stops at the limit, an allocation past it is OOM-killed
+//     inside the call, and when the call ends whatever is left in the
+//     cgroups is killed and the cgroups removed. Where the cgroup file
+//     system cannot be written (a read-only /sys/fs/cgroup in a pod), New
+//     logs a warning and calls run without, or fails (Options.Cgroups);
+//   - keeps only PluginCapabilities (CAP_NET_ADMIN, CAP_SYS_ADMIN,
+//     CAP_NET_RAW, CAP_NET_BIND_SERVICE) in its bounding, permitted and
+//     effective sets, runs with no_new_privs (no setuid or file capability
+//     gives more), RLIMIT_CORE 0 and RLIMIT_NOFILE Options.NoFileLimit;
+//   - runs under a seccomp filter that refuses mounting and unmounting,
+//     setns into anything but a network namespace, new user namespaces,
+//     module loading, kexec, reboot, bpf, perf, keyrings, clock and host
+//     name changes, open_by_handle_at and the like with EPERM, and kills a
+//     process making another architecture's system calls (see
+//     deniedSyscalls);
+//   - sees /proc and /sys with the host's knobs read-only or masked, and a
+//     state directory that cannot grow past Options.StateSize.
+//
+// What it does not guarantee. A plugin is root with CAP_NET_ADMIN and
+// CAP_SYS_ADMIN in the node's network namespace, as the contract requires:
+// it can rewrite the node's links, routes, firewall and network sysctls,
+// watch and inject its traffic, and enter any network namespace pinned in
+// a directory bound into it (every pod's, for a pin directory like
+// /run/netns). It shares the host's IPC namespace (root's System V IPC
+// objects) and UTS namespace (read-only to it). The seccomp filter is a
+// deny list: the rest of the kernel's interface, and its bugs, stay
+// reachable by a root process. The filter exists for amd64 and arm64 only
+// (elsewhere New logs that calls run without one), and without writable
+// cgroups (above) there are no per-call pids or memory limits. Cgroup v2
+// support (pids.max, memory.max) was written for hosts where pids and
+// memory are on the unified hierarchy but not tested on one; it needs the
+// daemon's cgroup to be able to delegate controllers, which cgroup v2
+// refuses while the daemon's cgroup holds processes, unless CgroupParent
+// names a delegated place.
 //
 // # Processes
 //
 // The executable is the init (PID 1) of its PID namespace. When it exits,
 // or is killed at its timeout, the kernel kills everything it started, so a
-// forked helper never outlives its call. As an init it ignores signals it has
+// forked helper never outlives its call (and the call's cgroups are swept
+// for anything that escaped the tree). As an init it ignores signals it has
 // no handler for, except SIGKILL from outside, which is what the timeout and
 // Supervisor.Close use (Close sends SIGTERM first, with a grace period,
 // only to a main exec that handles it: /proc/PID/status SigCgt). The whole tree
@@ -88,4 +138,10 @@
 // checked by device and inode first; a mismatch (a netns pinned since in a
 // directory that does not propagate mounts) makes the call start cold.
 // Close stops them. The Supervisor's main execs always start cold.
+//
+// A warm init is also moved into its call's cgroups while it waits. That
+// matters on cgroup v1: every move into a cgroup waits for an RCU grace
+// period (the kernel's cgroup_threadgroup_rwsem), several milliseconds on
+// a busy machine, which a cold start pays on the call's path (mounting the
+// hierarchies with favordynmods, Linux 6.1+, makes moves cheap).
 package sandbox

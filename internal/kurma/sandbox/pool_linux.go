@@ -46,7 +46,11 @@ type pool struct {
 // warmInit is an init waiting for its spec, with the parent's ends of its
 // pipes.
 type warmInit struct {
-	cmd                    *exec.Cmd
+	sb  *Sandbox
+	cmd *exec.Cmd
+	// cg holds the init since its start; the call that claims it owns
+	// it from then on.
+	cg                     *callCgroup
 	spec, stdin            *os.File // write ends
 	status, stdout, stderr *os.File // read ends
 }
@@ -125,7 +129,7 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 	// The child's ends are closed here once it has them (or on failure,
 	// with ours).
 	var childIn, childOut, childErr, childStatus, childSpec *os.File
-	w = &warmInit{}
+	w = &warmInit{sb: s}
 	defer func() {
 		for _, f := range []*os.File{childIn, childOut, childErr, childStatus, childSpec} {
 			if f != nil {
@@ -134,6 +138,7 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 		}
 		if err != nil {
 			w.closeFiles()
+			s.dropCgroup(w.cg)
 		}
 	}()
 	for _, pp := range []struct{ r, w **os.File }{
@@ -151,6 +156,18 @@ func (s *Sandbox) prestart() (w *warmInit, err error) {
 		return nil, fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err)
 	}
 	w.cmd = cmd
+	// The call's cgroups are made now and the init moved into them before
+	// it counts as ready: both off the call's path. (On cgroup v1 a move
+	// waits for an RCU grace period, several milliseconds; a cold start
+	// pays it on the call's path.)
+	if w.cg, err = s.newCgroup(""); err == nil {
+		err = w.cg.add(cmd.Process.Pid)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
 	return w, nil
 }
 
@@ -222,6 +239,7 @@ func (w *warmInit) discard() {
 	if w.cmd != nil {
 		w.cmd.Wait()
 	}
+	w.sb.dropCgroup(w.cg)
 }
 
 func (w *warmInit) closeFiles() {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
@@ -17,6 +18,23 @@ const (
 	DefaultModulesDir  = "/lib/modules"
 	DefaultTmpSize     = 64 << 20
 	DefaultPrestart    = 2
+	// DefaultPidsLimit caps the tasks (processes and threads) of one call
+	// or main exec: a Go plugin runs a dozen threads, iptables and the
+	// like a few processes.
+	DefaultPidsLimit = 128
+	// DefaultMemoryLimit caps the memory of one call or main exec,
+	// its /tmp and /run included. A reference CNI plugin peaks near 30
+	// MiB.
+	DefaultMemoryLimit = 256 << 20
+	// DefaultNoFileLimit is the open-file limit (RLIMIT_NOFILE) inside.
+	DefaultNoFileLimit = 4096
+	// DefaultStateSize and DefaultStateInodes bound a network's state
+	// directory (host-local keeps a small file per address).
+	DefaultStateSize   = 16 << 20
+	DefaultStateInodes = 16384
+	// DefaultCgroupName is the cgroup, under the daemon's own in each
+	// hierarchy, holding one cgroup per call.
+	DefaultCgroupName = "skein-sandbox"
 	// DefaultInitName is the dedicated init binary (cmd/skein-sandbox-init)
 	// looked for beside the running binary.
 	DefaultInitName = "skein-sandbox-init"
@@ -67,7 +85,57 @@ type Options struct {
 	// daemon itself runs outside it (skeind --node-netns; tests). Empty:
 	// calls share the network namespace of the process that starts them.
 	NodeNetNS string
+
+	// Cgroups says whether each call and main exec runs in cgroups of its
+	// own (pids and memory; see CgroupMode). Default CgroupAuto.
+	Cgroups CgroupMode
+	// CgroupParent is where the per-call cgroups are made, a path inside
+	// each hierarchy (e.g. /skein). Default: DefaultCgroupName under the
+	// daemon's own cgroup of that hierarchy, so the limits of the
+	// container skeind runs in (if any) still hold over its plugins.
+	CgroupParent string
+	// PidsLimit caps one call's tasks (pids.max). Default
+	// DefaultPidsLimit.
+	PidsLimit int64
+	// MemoryLimit caps one call's memory in bytes, tmpfs pages included
+	// (memory.limit_in_bytes, memory.max on cgroup v2); over it the
+	// kernel's OOM killer picks within the call. Default
+	// DefaultMemoryLimit.
+	MemoryLimit int64
+	// StateSize caps a network's state directory in bytes: the sandbox
+	// mounts a tmpfs that size over it (see state_linux.go for what that
+	// keeps across restarts and reboots). Default DefaultStateSize;
+	// negative: the directory is bound as it is, without a limit.
+	StateSize int64
+	// StateInodes caps the files in a state directory. Default
+	// DefaultStateInodes.
+	StateInodes int64
+	// Capabilities are the capability numbers (unix.CAP_*) a call keeps.
+	// Default PluginCapabilities; set it only for a plugin that needs
+	// more, knowing what the capability opens.
+	Capabilities []int
+	// NoFileLimit is RLIMIT_NOFILE inside (soft and hard). Default
+	// DefaultNoFileLimit.
+	NoFileLimit int
+	// Logger gets the sandbox's warnings (cgroups unavailable, no seccomp
+	// filter on this architecture). Default slog.Default().
+	Logger *slog.Logger
 }
+
+// CgroupMode says what happens when per-call cgroups cannot be made.
+type CgroupMode int
+
+const (
+	// CgroupAuto uses cgroups when the pids and memory controllers can be
+	// written; when they cannot (a read-only /sys/fs/cgroup in a pod, a
+	// controller missing), New logs a warning saying so and calls run
+	// without them (still under the daemon's own cgroup).
+	CgroupAuto CgroupMode = iota
+	// CgroupRequire makes New fail instead.
+	CgroupRequire
+	// CgroupOff never makes cgroups: calls count against the daemon's.
+	CgroupOff
+)
 
 func (o Options) withDefaults() Options {
 	if o.ScratchDir == "" {
@@ -95,6 +163,27 @@ func (o Options) withDefaults() Options {
 		o.Prestart = DefaultPrestart
 	}
 	o.Prestart = max(o.Prestart, 0)
+	if o.PidsLimit <= 0 {
+		o.PidsLimit = DefaultPidsLimit
+	}
+	if o.MemoryLimit <= 0 {
+		o.MemoryLimit = DefaultMemoryLimit
+	}
+	if o.NoFileLimit <= 0 {
+		o.NoFileLimit = DefaultNoFileLimit
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.StateSize == 0 {
+		o.StateSize = DefaultStateSize
+	}
+	if o.StateInodes <= 0 {
+		o.StateInodes = DefaultStateInodes
+	}
+	if o.Capabilities == nil {
+		o.Capabilities = PluginCapabilities
+	}
 	return o
 }
 

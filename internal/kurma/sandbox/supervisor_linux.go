@@ -108,12 +108,12 @@ func (s *Sandbox) Supervise(o SupervisorOptions) (*Supervisor, error) {
 	sv := &Supervisor{sb: s, opts: o, done: make(chan struct{}),
 		log: o.Logger.With("network", o.Network, "mainExec", o.Spec.Path)}
 	sv.ctx, sv.cancel = context.WithCancel(context.Background())
-	cmd, tail, err := sv.start()
+	r, err := sv.start()
 	if err != nil {
 		sv.cancel()
 		return nil, fmt.Errorf("start main exec of network %q: %w", o.Network, err)
 	}
-	go sv.loop(cmd, tail)
+	go sv.loop(r)
 	return sv, nil
 }
 
@@ -159,30 +159,38 @@ func (sv *Supervisor) Close() error {
 	return nil
 }
 
+// mainRun is one run of the main exec: its process, the tail of its
+// stderr, and done, which removes its cgroups once it has been waited for.
+type mainRun struct {
+	cmd  *exec.Cmd
+	tail *tailWriter
+	done func()
+}
+
 // start starts one run and marks the supervisor up.
-func (sv *Supervisor) start() (*exec.Cmd, *tailWriter, error) {
+func (sv *Supervisor) start() (*mainRun, error) {
 	tail := &tailWriter{limit: 4 << 10}
 	stderr := &multiWriter{tail, &lineLogger{log: sv.log, stream: "stderr"}}
 	stdout := &lineLogger{log: sv.log, stream: "stdout"}
-	cmd, err := sv.sb.start(sv.ctx, sv.opts.Spec, stdout, stderr, stopHow{signal: syscall.SIGTERM, grace: sv.opts.StopGrace})
+	cmd, done, err := sv.sb.start(sv.ctx, sv.opts.Spec, stdout, stderr, stopHow{signal: syscall.SIGTERM, grace: sv.opts.StopGrace})
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
 			e.Stderr = tail.bytes()
 		}
-		return nil, nil, err
+		return nil, err
 	}
 	sv.mu.Lock()
 	sv.st.Up, sv.st.PID, sv.st.Since, sv.st.Next = true, cmd.Process.Pid, time.Now(), time.Time{}
 	sv.st.Starts++
 	sv.mu.Unlock()
 	sv.log.Info("main exec started", "pid", cmd.Process.Pid)
-	return cmd, tail, nil
+	return &mainRun{cmd: cmd, tail: tail, done: done}, nil
 }
 
 // loop waits for each run to end and starts the next after the backoff.
-// cmd is nil when a start failed; ended then says why.
-func (sv *Supervisor) loop(cmd *exec.Cmd, tail *tailWriter) {
+// r is nil when a start failed; ended then says why.
+func (sv *Supervisor) loop(r *mainRun) {
 	defer close(sv.done)
 	var (
 		backoff time.Duration
@@ -190,11 +198,12 @@ func (sv *Supervisor) loop(cmd *exec.Cmd, tail *tailWriter) {
 	)
 	for {
 		ran := time.Duration(0)
-		if cmd != nil {
+		if r != nil {
 			began := time.Now()
-			werr := cmd.Wait()
+			werr := r.cmd.Wait()
+			r.done()
 			ran = time.Since(began)
-			ended = describeExit(sv.opts.Spec.Path, werr, tail.bytes())
+			ended = describeExit(sv.opts.Spec.Path, werr, r.tail.bytes())
 		}
 		if sv.ctx.Err() != nil {
 			sv.setDown(ended, time.Time{})
@@ -217,8 +226,8 @@ func (sv *Supervisor) loop(cmd *exec.Cmd, tail *tailWriter) {
 			return
 		}
 		var err error
-		if cmd, tail, err = sv.start(); err != nil {
-			cmd, ended = nil, err.Error()
+		if r, err = sv.start(); err != nil {
+			r, ended = nil, err.Error()
 		}
 	}
 }

@@ -51,6 +51,14 @@ type Spec struct {
 	ModulesDir string   `json:"modulesDir,omitempty"` // bound read-only at /lib/modules
 	TmpSize    int64    `json:"tmpSize"`              // bytes, for /tmp and /run
 	NodeNetNS  string   `json:"nodeNetNS,omitempty"`  // network namespace to enter first ("" = the one inherited)
+
+	// Confinement (see confine_linux.go). Cgroups are cgroup.procs files
+	// joined first; the rest is applied just before exec.
+	Cgroups    []string `json:"cgroups,omitempty"`
+	Rlimits    []Rlimit `json:"rlimits,omitempty"`
+	Caps       *uint64  `json:"caps,omitempty"` // capabilities kept (bit per number); nil: all
+	NoNewPrivs bool     `json:"noNewPrivs,omitempty"`
+	Seccomp    []byte   `json:"seccomp,omitempty"` // sock_filter entries, 8 bytes each
 	// Expect are host paths as the sandbox saw them. A warm init copied
 	// the host's mounts when it started; a mount made since in a directory
 	// without shared propagation (a netns pinned there, say) did not reach
@@ -157,13 +165,20 @@ func reportSetup(err error) {
 func (s *Spec) enter() error {
 	unix.CloseOnExec(ErrFD)
 	unix.Umask(0)
+	// Namespaces, capabilities, no_new_privs and seccomp filters belong to
+	// a thread: this one stays locked until exec, and the program exec'd
+	// keeps what it set.
+	runtime.LockOSThread()
+
+	// Step 1a: the call's cgroups, before anything of it is allocated.
+	if err := joinCgroups(s.Cgroups); err != nil {
+		return err
+	}
 
 	// Step 1b: the node's network namespace, when the daemon runs outside
-	// it. A network namespace belongs to a thread: this one stays locked
-	// until exec, which keeps the calling thread's namespaces. Entered
-	// before /sys is mounted, so the sysfs shows the node's devices.
+	// it. Entered before /sys is mounted, so the sysfs shows the node's
+	// devices.
 	if s.NodeNetNS != "" {
-		runtime.LockOSThread()
 		fd, err := unix.Open(s.NodeNetNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("open node netns %s: %w", s.NodeNetNS, err)
@@ -206,6 +221,11 @@ func (s *Spec) enter() error {
 		}
 	}
 
+	// Step 3b: /proc's dangerous corners masked or read-only, as runc does.
+	if err := protectProc(rootFD); err != nil {
+		return err
+	}
+
 	// Step 4: the image read-only, then pivot_root into it and detach the
 	// old root: the host's tree is gone from this namespace.
 	if err := unix.Mount("", root, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
@@ -224,7 +244,11 @@ func (s *Spec) enter() error {
 		return fmt.Errorf("chdir /: %w", err)
 	}
 
-	// Step 5: exec. The plugin becomes PID 1 of its namespace.
+	// Step 5: limits, capabilities, no_new_privs, seccomp; then exec. The
+	// plugin becomes PID 1 of its namespace.
+	if err := s.lockDown(); err != nil {
+		return err
+	}
 	unix.Umask(0o022)
 	argv := append([]string{s.Path}, s.Args...)
 	if err := unix.Exec(s.Path, argv, s.Env); err != nil {

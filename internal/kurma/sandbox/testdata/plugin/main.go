@@ -26,6 +26,8 @@ type config struct {
 	Pod    string `json:"pod"`
 	Seq    int    `json:"seq"`
 	Dir    string `json:"dir"`
+	Probe  string `json:"probe"`
+	MB     int    `json:"mb"`
 }
 
 const state = "/var/lib/network"
@@ -35,6 +37,10 @@ func main() {
 		// Lives until killed; its token is in its argv for the test to find.
 		syscall.Setsid()
 		sleepForever()
+	}
+	if len(os.Args) > 1 && os.Args[1] == "capeff" {
+		capEff()
+		return
 	}
 	raw, err := io.ReadAll(os.Stdin)
 	if err != nil {
@@ -106,6 +112,8 @@ func main() {
 		os.Exit(0)
 	case "watch":
 		watch(c.Dir)
+	case "hostile":
+		hostile(c)
 	default:
 		fail("unknown mode %q", c.Mode)
 	}
