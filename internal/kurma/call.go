@@ -5,8 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/types/create"
+
+	"github.com/skeinnet/skein/internal/cni"
 
 	"github.com/skeinnet/skein/internal/kurma/image"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
@@ -76,8 +82,16 @@ func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a Att
 	if err != nil {
 		return nil, err
 	}
-	spec := p.Call(op, rec.NetNS, rec.ID, a.IfName)
-	if op == sandbox.OpDel && isNetNS(rec.NetNS) != nil {
+	gone := op == sandbox.OpDel && isNetNS(rec.NetNS) != nil
+	var spec sandbox.Spec
+	if len(img.CNIPlugins) > 0 {
+		if spec, err = cniSpec(op, rec, a, img, dir, gone); err != nil {
+			return nil, err
+		}
+	} else {
+		spec = p.Call(op, rec.NetNS, rec.ID, a.IfName)
+	}
+	if gone {
 		// The pod's namespace is gone (CNI: DEL must still succeed): the
 		// plugin gets its path as the argument but nothing is bound there,
 		// so it frees what lives outside the namespace.
@@ -103,4 +117,77 @@ func confVersion(conf json.RawMessage) string {
 	}
 	_ = json.Unmarshal(conf, &c)
 	return c.CNIVersion
+}
+
+// cniBinDir is where pack-cni images keep their CNI plugins.
+const cniBinDir = "/opt/cni/bin"
+
+// cniSpec calls a pack-cni image's CNI plugin directly, as the image's
+// shim (skein-netplugin) would, without the shim's own start and fork:
+// CNI's environment (the image's, CNI_* variables of it dropped), the
+// network's config on stdin, and on DEL the ADD result from the record as
+// prevResult (CNI 0.4.0 and later) where the config has none. The plugin
+// must be one the image's label names. When the pod's namespace is gone
+// (gone), a DEL runs without CNI_NETNS, so the plugin frees what lives
+// outside it.
+func cniSpec(op sandbox.Op, rec *PodRecord, a AttachmentRecord, img image.Image, stateDir string, gone bool) (sandbox.Spec, error) {
+	var conf map[string]json.RawMessage
+	if err := json.Unmarshal(a.Config, &conf); err != nil {
+		return sandbox.Spec{}, fmt.Errorf("network %q: config: %w", a.Network, err)
+	}
+	var typ, ver string
+	_ = json.Unmarshal(conf["type"], &typ)
+	_ = json.Unmarshal(conf["cniVersion"], &ver)
+	if !slices.Contains(img.CNIPlugins, typ) {
+		return sandbox.Spec{}, fmt.Errorf("network %q: plugin type %q is not one of those its image packs (%s)", a.Network, typ, strings.Join(img.CNIPlugins, ", "))
+	}
+	stdin := []byte(a.Config)
+	if _, has := conf["prevResult"]; op == sandbox.OpDel && !has && len(a.Result) > 0 && cniPrevResult(ver) {
+		if prev, err := resultAs(a.Result, ver); err == nil {
+			conf["prevResult"] = prev
+			if b, err := json.Marshal(conf); err == nil {
+				stdin = b
+			}
+		}
+		// Not fatal otherwise: DEL works without prevResult for most
+		// plugins (the shim does the same).
+	}
+	command := "ADD"
+	if op == sandbox.OpDel {
+		command = "DEL"
+	}
+	netns := rec.NetNS
+	if gone {
+		netns = ""
+	}
+	env := make([]string, 0, len(img.Env)+5)
+	for _, e := range img.Env {
+		if !strings.HasPrefix(e, "CNI_") {
+			env = append(env, e)
+		}
+	}
+	env = append(env, "CNI_COMMAND="+command, "CNI_CONTAINERID="+rec.ID, "CNI_NETNS="+netns,
+		"CNI_IFNAME="+a.IfName, "CNI_PATH="+cniBinDir)
+	return sandbox.Spec{
+		Rootfs: img.Root, Path: cniBinDir + "/" + typ, Stdin: stdin, Env: env,
+		NetNS: rec.NetNS, StateDir: stateDir, Timeout: a.Timeout,
+	}, nil
+}
+
+// cniPrevResult reports whether CNI version v passes prevResult to DEL.
+func cniPrevResult(v string) bool {
+	major, rest, _ := strings.Cut(v, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	return err1 == nil && err2 == nil && (ma > 0 || mi >= 4)
+}
+
+// resultAs converts a recorded result to CNI version ver.
+func resultAs(raw json.RawMessage, ver string) (json.RawMessage, error) {
+	r, err := create.CreateFromBytes(raw)
+	if err != nil {
+		return nil, err
+	}
+	return cni.Encode(r, ver)
 }

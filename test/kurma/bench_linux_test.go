@@ -298,6 +298,9 @@ func BenchmarkKurmaCallParts(b *testing.B) {
 	}
 	b.Cleanup(func() { sb.Close() })
 	state := b.TempDir()
+	// The sandbox mounts a size-limited tmpfs over a network's state
+	// directory at its first call: unmount it before the directory goes.
+	b.Cleanup(func() { _ = sb.ReleaseState(state) })
 	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"p","type":"ptp","ipam":{"type":"host-local","subnet":"10.90.0.0/24","dataDir":%q}}`, state+"/ipam")
 	exe := func(path string, env []string, args ...string) {
 		err := node.Do(func() error {

@@ -68,6 +68,10 @@ type Image struct {
 	// Env and WorkingDir come from the image config.
 	Env        []string
 	WorkingDir string
+	// CNIPlugins are the CNI plugins a pack-cni image packs under
+	// /opt/cni/bin (its CNIPluginsLabel): skeind runs them directly, as
+	// the image's shim would. Empty for other images.
+	CNIPlugins []string
 }
 
 // Cache keeps unpacked images, one per digest. Its methods are safe for
@@ -262,7 +266,7 @@ func (c *Cache) load(digest string) (Image, error) {
 		return Image{}, fmt.Errorf("image %s: meta.json: %w", digest, err)
 	}
 	return Image{Digest: digest, Root: filepath.Join(dir, "rootfs"), Format: m.Format,
-		MainExec: m.MainExec, Env: m.Env, WorkingDir: m.WorkingDir}, nil
+		MainExec: m.MainExec, Env: m.Env, WorkingDir: m.WorkingDir, CNIPlugins: m.CNIPlugins}, nil
 }
 
 func (c *Cache) releaser(digest string) func() {

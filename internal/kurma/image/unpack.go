@@ -36,6 +36,7 @@ type meta struct {
 	MainExec   []string `json:"mainExec,omitempty"`
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"workingDir,omitempty"`
+	CNIPlugins []string `json:"cniPlugins,omitempty"`
 	Bytes      int64    `json:"bytes"`
 	Entries    int      `json:"entries"`
 }
@@ -69,8 +70,51 @@ func applyImage(ctx context.Context, img v1.Image, a *applier, check sizeCheck) 
 		m.MainExec = append(append([]string(nil), cfg.Config.Entrypoint...), cfg.Config.Cmd...)
 		m.Env = cfg.Config.Env
 		m.WorkingDir = cfg.Config.WorkingDir
+		m.CNIPlugins = cniPlugins(cfg.Config.Labels[CNIPluginsLabel])
 	}
 	return m, nil
+}
+
+// CNIPluginsLabel is the image label of `skeinctl image pack-cni`'s
+// images: the names of the CNI plugins packed under /opt/cni/bin,
+// comma-separated.
+const CNIPluginsLabel = "dev.skein.cni-plugins"
+
+// maxCNIPlugins bounds the names read from CNIPluginsLabel.
+const maxCNIPlugins = 64
+
+// cniPlugins parses a CNIPluginsLabel value: plain file names only; a
+// label with anything else (a path, an empty name, too many) is ignored
+// whole, and the image is then called through its /opt/network
+// executables like any other.
+func cniPlugins(label string) []string {
+	if label == "" {
+		return nil
+	}
+	names := strings.Split(label, ",")
+	if len(names) > maxCNIPlugins {
+		return nil
+	}
+	for _, n := range names {
+		if !validPluginName(n) {
+			return nil
+		}
+	}
+	return names
+}
+
+// validPluginName: what CNI allows as a plugin type that is a file in
+// CNI_PATH, and nothing that leaves the directory.
+func validPluginName(n string) bool {
+	if n == "" || len(n) > 128 || n == "." || n == ".." {
+		return false
+	}
+	for _, r := range n {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 func applyLayer(ctx context.Context, l v1.Layer, a *applier) error {

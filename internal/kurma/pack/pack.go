@@ -44,6 +44,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/skeinnet/skein/internal/kurma/image"
 )
 
 // ShimName is the shim's binary name, looked for beside skeinctl.
@@ -54,7 +56,7 @@ const DefaultTag = "skein.dev/cni-netplugin:latest"
 
 // PluginsLabel lists the packed plugins' names (comma-separated) in the
 // image config.
-const PluginsLabel = "dev.skein.cni-plugins"
+const PluginsLabel = image.CNIPluginsLabel
 
 // Paths inside the image.
 const (
