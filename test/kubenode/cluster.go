@@ -42,6 +42,9 @@ type ClusterOptions struct {
 	Pools []skeinv1.AddressPool
 	// NoAddresses leaves the Node objects without InternalIPs.
 	NoAddresses bool
+	// ControllerArgs are extra skein-controller flags (StartController's
+	// extra); nil = none.
+	ControllerArgs []string
 }
 
 // Cluster is a real API server, one skein-controller and one skeind per
@@ -99,7 +102,7 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 		}
 		CreateNode(t, c, o.NodeName(i), addrs...)
 	}
-	cl.Controller = StartController(t, kc, "skein-controller")
+	cl.Controller = StartController(t, kc, "skein-controller", o.ControllerArgs...)
 	cl.Nodes = make([]*Node, len(o.Topology.Nodes))
 	var wg sync.WaitGroup
 	for i, tn := range o.Topology.Nodes {

@@ -106,9 +106,11 @@ type Controller struct {
 }
 
 // StartController runs skein-controller with a short Lease (5 s), a 2 s
-// GC interval and no webhook, and waits until it is healthy. It is
-// SIGTERMed at cleanup, and its log shown if the test failed.
-func StartController(t testing.TB, kubeconfig, name string) *Controller {
+// GC interval and no webhook, and waits until it is healthy. Extra flags
+// come after these (a later flag wins: "--webhook-port", "9443" turns the
+// webhook on). It is SIGTERMed at cleanup, and its log shown if the test
+// failed.
+func StartController(t testing.TB, kubeconfig, name string, extra ...string) *Controller {
 	t.Helper()
 	metricsAddr, healthAddr := LoopbackAddr(t), LoopbackAddr(t)
 	p := &Controller{Name: name, done: make(chan struct{}), Metrics: "http://" + metricsAddr + "/metrics",
@@ -118,11 +120,12 @@ func StartController(t testing.TB, kubeconfig, name string) *Controller {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	p.Cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"),
+	args := append([]string{
 		"--kubeconfig", kubeconfig, "--metrics-addr", metricsAddr, "--health-addr", healthAddr,
 		"--leader-elect-namespace", "kube-system", "--leader-elect-lease-duration", "5s",
 		"--leader-elect-renew-deadline", "4s", "--leader-elect-retry-period", "500ms",
-		"--gc-interval", "2s", "--webhook-port", "0")
+		"--gc-interval", "2s", "--webhook-port", "0"}, extra...)
+	p.Cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"), args...)
 	p.Cmd.Stdout, p.Cmd.Stderr = logf, logf
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.Cmd.Start(); err != nil {
