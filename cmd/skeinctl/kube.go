@@ -17,7 +17,6 @@ import (
 
 	"github.com/skeinnet/skein/api/rpc"
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
-	"github.com/skeinnet/skein/internal/controller"
 )
 
 // In Kubernetes mode (skeind --store kubernetes) the cluster's pools and
@@ -144,7 +143,7 @@ func poolFromAPI(p *skeinv1.AddressPool, blocks uint32) *rpc.Pool {
 		out.Used = uint64(*p.Status.AddressesUsed)
 	}
 	// A pool the webhook never saw may make no geometry: no capacity.
-	if g, err := controller.PoolGeometry(p); err == nil {
+	if g, err := p.Geometry(); err == nil {
 		per := uint64(g.BlockSize()) * uint64(g.Blocks())
 		if v4, v6 := g.Families(); v4 {
 			out.CapacityV4 = per

@@ -212,7 +212,7 @@ func (r *AddressPoolReconciler) setStatus(pool *skeinv1.AddressPool, st *skeinv1
 			Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
 		})
 	}
-	geo, err := PoolGeometry(pool)
+	geo, err := pool.Geometry()
 	if err != nil {
 		st.BlocksTotal = 0
 		set(PoolReady, false, ReasonPoolInvalid, err.Error())

@@ -129,7 +129,11 @@ func makeBlock(t *testing.T, c client.Client, pool string, idx uint32, node stri
 	} else {
 		blk.NodeName = node
 	}
-	v4, v6 := mustGeometry(t, p).BlockPrefixes(idx)
+	g, err := p.Geometry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4, v6 := g.BlockPrefixes(idx)
 	if v4.IsValid() {
 		blk.IPv4 = ptr.To(v4.String())
 	}

@@ -26,7 +26,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -345,26 +344,16 @@ func (s *Store) ListPools(ctx context.Context) ([]store.Pool, error) {
 	return out, nil
 }
 
-// poolOf converts an AddressPool. Subnets are listed entry by entry, IPv4
-// before IPv6, as the controller's geometry numbers blocks (ipam.NewGeometry
-// pairs them the same way).
+// poolOf converts an AddressPool; its subnets are AddressPool.Prefixes,
+// in the order blocks are numbered everywhere.
 func poolOf(p *skeinv1.AddressPool) (store.Pool, error) {
-	out := store.Pool{Name: p.Name, BlockSizeBits: int(p.Spec.BlockSizeBits), Reserved: p.Spec.Reserved,
-		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero(),
-		MaxBlocksPerNode: p.Spec.MaxBlocks()}
-	for i, e := range p.Spec.Subnets {
-		for _, sub := range []*string{e.IPv4, e.IPv6} {
-			if sub == nil {
-				continue
-			}
-			pr, err := netip.ParsePrefix(*sub)
-			if err != nil {
-				return store.Pool{}, fmt.Errorf("AddressPool %s: subnet %d: %w", p.Name, i, err)
-			}
-			out.Subnets = append(out.Subnets, pr)
-		}
+	prefixes, err := p.Prefixes()
+	if err != nil {
+		return store.Pool{}, err
 	}
-	return out, nil
+	return store.Pool{Name: p.Name, BlockSizeBits: int(p.Spec.BlockSizeBits), Reserved: p.Spec.Reserved,
+		Created: p.CreationTimestamp.UTC(), UID: string(p.UID), Deleting: !p.DeletionTimestamp.IsZero(),
+		MaxBlocksPerNode: p.Spec.MaxBlocks(), Subnets: prefixes}, nil
 }
 
 // PoolForNamespace returns the skein.dev/pool annotation of namespace ns:

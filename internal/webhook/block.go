@@ -10,7 +10,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
-	"github.com/skeinnet/skein/internal/controller"
 )
 
 // PathBlock is where the AddressBlock validator is served.
@@ -87,7 +86,7 @@ func ValidateBlock(b *skeinv1.AddressBlock, pool *skeinv1.AddressPool, held int)
 	if b.NodeName == "" {
 		errs = append(errs, field.Required(field.NewPath("nodeName"), "a block names the node that owns it"))
 	}
-	geo, err := controller.PoolGeometry(pool)
+	geo, err := pool.Geometry()
 	if err != nil {
 		return append(errs, field.Invalid(field.NewPath("metadata", "labels", skeinv1.LabelPool), pool.Name, err.Error()))
 	}

@@ -8,7 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
-	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/internal/ipam"
 )
 
@@ -80,7 +79,7 @@ func validateSpec(pool *skeinv1.AddressPool) field.ErrorList {
 					p4, h4, p6, h6, p4.Bits(), 128-h4)))
 		}
 	}
-	if _, err := controller.PoolGeometry(pool); err != nil {
+	if _, err := pool.Geometry(); err != nil {
 		errs = append(errs, field.Invalid(subnetsPath, summary(pool), err.Error()))
 	}
 	return errs
@@ -112,8 +111,8 @@ func validateAppendOnly(old, pool *skeinv1.AddressPool) field.ErrorList {
 // huge IPv6 subnets: one more subnet shrinks every subnet's share. The
 // first, middle and last old block are compared: a shift moves the last.
 func validateBlocksKept(old, pool *skeinv1.AddressPool) field.ErrorList {
-	og, err1 := controller.PoolGeometry(old)
-	ng, err2 := controller.PoolGeometry(pool)
+	og, err1 := old.Geometry()
+	ng, err2 := pool.Geometry()
 	if err1 != nil || err2 != nil {
 		return nil // an old pool the geometry refuses had no blocks
 	}

@@ -1,4 +1,4 @@
-package controller
+package v1alpha1_test
 
 import (
 	"strings"
@@ -7,19 +7,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
-	"github.com/skeinnet/skein/internal/ipam"
 )
 
-func mustGeometry(t *testing.T, p *skeinv1.AddressPool) *ipam.Geometry {
-	t.Helper()
-	g, err := PoolGeometry(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
-}
-
-func TestPoolGeometry(t *testing.T) {
+func TestGeometry(t *testing.T) {
 	dual := func(a, b string) skeinv1.SubnetSet { return skeinv1.SubnetSet{IPv4: ptr.To(a), IPv6: ptr.To(b)} }
 	v4 := func(a string) skeinv1.SubnetSet { return skeinv1.SubnetSet{IPv4: ptr.To(a)} }
 	v6 := func(a string) skeinv1.SubnetSet { return skeinv1.SubnetSet{IPv6: ptr.To(a)} }
@@ -45,7 +35,7 @@ func TestPoolGeometry(t *testing.T) {
 	} {
 		p := &skeinv1.AddressPool{Spec: skeinv1.AddressPoolSpec{Subnets: c.subnets, BlockSizeBits: c.bits}}
 		p.Name = "p"
-		g, err := PoolGeometry(p)
+		g, err := p.Geometry()
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("%s: err %v, want one containing %q", c.name, err, c.err)
