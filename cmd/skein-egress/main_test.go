@@ -162,6 +162,7 @@ func (f *fakeDP) SyncPeers(p []netip.Addr) error {
 	}
 	return nil
 }
+func (f *fakeDP) SyncDestinations([]netip.Prefix) error { return nil }
 func (f *fakeDP) Stats() (router.Stats, error) {
 	return router.Stats{Tunnels: 1, Peers: 1, Packets: 7}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,10 @@ type Stats struct {
 	ConntrackEntries int    // NAT connections tracked
 	Packets, Bytes   uint64 // forwarded between tunnels and outside (nftables counters)
 	NATConnections   uint64 // connections masqueraded
+	// DroppedSource and DroppedDestination count packets out of the
+	// tunnels dropped for a source not their client's and for a
+	// destination not the Egress's.
+	DroppedSource, DroppedDestination uint64
 }
 
 // Dataplane is the router side of the data plane, as internal/egress's
@@ -39,8 +44,14 @@ type Stats struct {
 // repeat; after an error some peers may lack a tunnel, and the next call
 // tries again. Close removes everything the data plane made. None of them
 // is called concurrently with another.
+//
+// SyncDestinations sets the destinations the data plane forwards to from
+// its tunnels (the Egress's spec.destinations, both families; a new data
+// plane forwards nowhere until it is called); it refuses a malformed
+// prefix, changing nothing.
 type Dataplane interface {
 	SyncPeers(peers []netip.Addr) error
+	SyncDestinations(dsts []netip.Prefix) error
 	Stats() (Stats, error)
 	Close() error
 }
@@ -97,6 +108,9 @@ type Agent struct {
 	dpMu  sync.Mutex
 	dp    Dataplane // nil until the Egress is known
 	dpCfg DataplaneConfig
+	// dests are the destinations dp was last given; nil for a data plane
+	// not given any yet.
+	dests []netip.Prefix
 	// serves is the namespaces' filter of the last sync (Egress.Serves).
 	serves func(namespace string) bool
 	// waitLogged: "waiting for the Egress" was logged (once is enough).
@@ -246,9 +260,27 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 			if err != nil {
 				return &fatalError{fmt.Errorf("open the data plane: %w", err)}
 			}
-			a.dp, a.dpCfg = dp, cfg
+			a.dp, a.dpCfg, a.dests = dp, cfg, nil
 			a.o.Log.Info("data plane open", "local4", cfg.Local4, "local6", cfg.Local6, "port", cfg.Port,
 				"outInterface", cfg.OutInterface, "sourcePortAuto", cfg.SourcePortAuto)
+		}
+	}
+	// The destinations before the peers: the router forwards from its
+	// tunnels only to them. A list the data plane refuses (or one that
+	// does not parse, which the API's validation should not let through)
+	// leaves the last one in place; the peers are synced all the same,
+	// and the error makes the step count as failed (retried, logged).
+	var destErr error
+	if eg != nil {
+		dsts, err := destinations(eg)
+		if err == nil && (a.dests == nil || !slices.Equal(dsts, a.dests)) {
+			if err = a.dp.SyncDestinations(dsts); err == nil {
+				a.dests = dsts
+				a.o.Log.Info("destinations set", "destinations", dsts)
+			}
+		}
+		if err != nil {
+			destErr = fmt.Errorf("destinations of Egress %s/%s: %w", a.o.Namespace, a.o.Name, err)
 		}
 	}
 	// Only pods of the namespaces the Egress serves are peers: another
@@ -267,7 +299,10 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	peers := a.families(addrs)
 	start := time.Now()
 	if err := a.dp.SyncPeers(peers); err != nil {
-		return fmt.Errorf("sync %d peers of %d client pods: %w", len(peers), pods, err)
+		return errors.Join(destErr, fmt.Errorf("sync %d peers of %d client pods: %w", len(peers), pods, err))
+	}
+	if destErr != nil {
+		return destErr
 	}
 	a.o.Log.Debug("synced", "peers", len(peers), "pods", pods, "took", time.Since(start))
 	if !a.ready.Swap(true) {
@@ -275,6 +310,20 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	}
 	a.problem.Store(nil)
 	return nil
+}
+
+// destinations parses eg's spec.destinations (never nil: an empty list
+// is an empty slice, so that it differs from "not given yet").
+func destinations(eg *skeinv1.Egress) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(eg.Spec.Destinations))
+	for _, d := range eg.Spec.Destinations {
+		p, err := netip.ParsePrefix(d)
+		if err != nil {
+			return nil, fmt.Errorf("destination %q: %w", d, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // families keeps the addresses of the families the router has an

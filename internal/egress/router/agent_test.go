@@ -30,7 +30,8 @@ type fakeDP struct {
 
 	mu      sync.Mutex
 	syncs   [][]netip.Addr
-	failing int // SyncPeers calls still to refuse
+	dests   [][]netip.Prefix // SyncDestinations calls
+	failing int              // SyncPeers calls still to refuse
 	closed  bool
 	stats   Stats
 }
@@ -48,6 +49,31 @@ func (f *fakeDP) SyncPeers(peers []netip.Addr) error {
 	f.syncs = append(f.syncs, slices.Clone(peers))
 	f.stats.Peers, f.stats.Tunnels = len(peers), len(peers)
 	return nil
+}
+
+func (f *fakeDP) SyncDestinations(dsts []netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return errors.New("sync after close")
+	}
+	f.dests = append(f.dests, slices.Clone(dsts))
+	return nil
+}
+
+// lastDests is the last destination list the data plane was given, as
+// strings, and whether it was given one.
+func (f *fakeDP) lastDests() ([]string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.dests) == 0 {
+		return nil, false
+	}
+	var out []string
+	for _, d := range f.dests[len(f.dests)-1] {
+		out = append(out, d.String())
+	}
+	return out, true
 }
 
 func (f *fakeDP) Stats() (Stats, error) {
@@ -439,6 +465,59 @@ func TestSourcePortFollowsEgress(t *testing.T) {
 	if !cur.closed {
 		t.Error("the data plane is still open after Run returned")
 	}
+}
+
+// TestDestinationsFollowEgress: the data plane forwards to the Egress's
+// destinations only: it gets them before its first peers, again when
+// they change, and a data plane reopened (fouSourcePort) gets them too.
+func TestDestinationsFollowEgress(t *testing.T) {
+	r := start(t, 0)
+	ctx := context.Background()
+	r.createPod(t, "apps", "a", map[string]string{skeinv1.AnnotationEgressPrefix + egNS: "nat"}, false, corev1.PodRunning, "10.1.0.1")
+	eg := r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	r.wantPeers(t, "first sync", "10.1.0.1")
+	wantDests := func(what string, want ...string) {
+		t.Helper()
+		eventually(t, what, func() string {
+			dp := r.op.current()
+			got, ok := dp.lastDests()
+			if !ok || !slices.Equal(got, want) {
+				return fmt.Sprintf("destinations %v (given: %v), want %v", got, ok, want)
+			}
+			return ""
+		})
+	}
+	wantDests("at the start", "0.0.0.0/0")
+	first := r.op.current()
+	first.mu.Lock()
+	if len(first.dests) == 0 || len(first.syncs) == 0 {
+		t.Errorf("first data plane: %d destination and %d peer syncs", len(first.dests), len(first.syncs))
+	}
+	first.mu.Unlock()
+
+	eg.Spec.Destinations = []string{"192.0.2.0/24", "2001:db8::/32"}
+	if err := r.c.Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	wantDests("after a change", "192.0.2.0/24", "2001:db8::/32")
+	if n := len(r.op.all()); n != 1 {
+		t.Errorf("%d data planes after a destinations change, want 1", n)
+	}
+
+	if err := r.c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+		t.Fatal(err)
+	}
+	eg.Spec.FoUSourcePort = skeinv1.FoUSourcePortAuto
+	if err := r.c.Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "reopened", func() string {
+		if n := len(r.op.all()); n != 2 {
+			return fmt.Sprintf("%d data planes opened", n)
+		}
+		return ""
+	})
+	wantDests("after reopening", "192.0.2.0/24", "2001:db8::/32")
 }
 
 // TestSyncErrorsRetried: a refused sync is counted, retried, and the
