@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -91,8 +92,9 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the wait before a failed sync is
 	// tried again (doubling); 0 means 100 ms and 30 s.
 	MinBackoff, MaxBackoff time.Duration
-	// SyncTimeout bounds the wait for the informers' first list; 0 means
-	// two minutes.
+	// SyncTimeout bounds the wait for an informer's first list (the
+	// Egress's at the start, a served namespace's pods when it comes);
+	// 0 means two minutes.
 	SyncTimeout time.Duration
 	// Log; nil means slog.Default().
 	Log *slog.Logger
@@ -102,6 +104,7 @@ type Options struct {
 type Agent struct {
 	o     Options
 	peers *peerSet
+	pods  *podInformers // started by Run
 	kick  chan struct{}
 	m     *metrics
 
@@ -113,6 +116,9 @@ type Agent struct {
 	dests []netip.Prefix
 	// serves is the namespaces' filter of the last sync (Egress.Serves).
 	serves func(namespace string) bool
+	// watched are the namespaces whose pods are watched (nil until the
+	// Egress is known; step's alone).
+	watched []string
 	// waitLogged: "waiting for the Egress" was logged (once is enough).
 	waitLogged bool
 	ready      atomic.Bool
@@ -169,6 +175,22 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		return err
 	}
+	cs, err := kubernetes.NewForConfig(a.o.Config)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	a.pods = &podInformers{
+		cs:    cs,
+		strip: func(p *corev1.Pod) *corev1.Pod { return Strip(p, a.o.Namespace) },
+		handler: toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { a.podChanged(obj) },
+			UpdateFunc: func(_, obj any) { a.podChanged(obj) },
+			DeleteFunc: a.podDeleted,
+		},
+		forget: a.peers.forget,
+		byNS:   map[string]*podInformer{},
+	}
+	defer a.pods.stop()
 	defer func() {
 		a.dpMu.Lock()
 		defer a.dpMu.Unlock()
@@ -236,6 +258,18 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	case err != nil:
 		return fmt.Errorf("read Egress %s/%s: %w", a.o.Namespace, a.o.Name, err)
 	}
+	// The pods of the namespaces the Egress serves (with the Egress gone,
+	// those it served last), listed before the data plane hears of them;
+	// outside dpMu, which the metrics take.
+	var podsErr error
+	if eg != nil {
+		a.watched = watchedNamespaces(eg)
+	}
+	if a.watched != nil {
+		if podsErr = a.pods.ensure(ctx, a.watched, a.o.SyncTimeout); podsErr != nil && ctx.Err() != nil {
+			return nil
+		}
+	}
 	a.dpMu.Lock()
 	defer a.dpMu.Unlock()
 	if eg == nil && a.dp == nil {
@@ -299,10 +333,10 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	peers := a.families(addrs)
 	start := time.Now()
 	if err := a.dp.SyncPeers(peers); err != nil {
-		return errors.Join(destErr, fmt.Errorf("sync %d peers of %d client pods: %w", len(peers), pods, err))
+		return errors.Join(podsErr, destErr, fmt.Errorf("sync %d peers of %d client pods: %w", len(peers), pods, err))
 	}
-	if destErr != nil {
-		return destErr
+	if err := errors.Join(podsErr, destErr); err != nil {
+		return err
 	}
 	a.o.Log.Debug("synced", "peers", len(peers), "pods", pods, "took", time.Since(start))
 	if !a.ready.Swap(true) {
@@ -350,19 +384,14 @@ func (a *Agent) poke() {
 	}
 }
 
-// startCache starts informers on every Pod (stripped to what ClientAddrs
-// reads) and on the one Egress, and waits for their first list.
+// startCache starts the informer on the one Egress (listed and watched by
+// name, which is all the router's account may read of egresses) and
+// waits for its first list. The pod informers follow in step, once the
+// Egress says which namespaces it serves.
 func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
-	strip := func(obj any) (any, error) {
-		if p, ok := obj.(*corev1.Pod); ok {
-			return Strip(p, a.o.Namespace), nil
-		}
-		return obj, nil
-	}
 	c, err := cache.New(a.o.Config, cache.Options{
 		Scheme: scheme,
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Transform: strip},
 			&skeinv1.Egress{}: {
 				Namespaces: map[string]cache.Config{a.o.Namespace: {}},
 				Field:      fields.OneTermEqualSelector("metadata.name", a.o.Name),
@@ -371,17 +400,6 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes cache: %w", err)
-	}
-	pods, err := c.GetInformer(ctx, &corev1.Pod{})
-	if err != nil {
-		return nil, fmt.Errorf("pod informer: %w", err)
-	}
-	if _, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { a.podChanged(obj) },
-		UpdateFunc: func(_, obj any) { a.podChanged(obj) },
-		DeleteFunc: a.podDeleted,
-	}); err != nil {
-		return nil, fmt.Errorf("pod handler: %w", err)
 	}
 	egs, err := c.GetInformer(ctx, &skeinv1.Egress{})
 	if err != nil {
@@ -401,7 +419,7 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("pods and Egress %s/%s not listed within %v (is the API server %s reachable, and may this router get, list and watch pods and egresses?)",
+		return nil, fmt.Errorf("Egress %s/%s not listed within %v (is the API server %s reachable, and may this router get, list and watch it?)",
 			a.o.Namespace, a.o.Name, a.o.SyncTimeout, a.o.Config.Host)
 	}
 	a.poke() // the first sync, also with no client at all
