@@ -92,6 +92,9 @@ func grantControllerRole(t *testing.T, c client.Client) {
 				rule(rbacv1.GroupName, []string{"clusterrolebindings"}, []string{"create"}),
 				named(rule(rbacv1.GroupName, []string{"clusterrolebindings"}, []string{"get", "update"}), "skein-egress"),
 				named(rule(rbacv1.GroupName, []string{"clusterroles"}, []string{"bind"}), "skein-egress"),
+				rule(rbacv1.GroupName, []string{"roles"}, []string{"create"}),
+				named(rule(rbacv1.GroupName, []string{"roles"}, []string{"get", "update", "delete"}), "skein-egress"),
+				rule(rbacv1.GroupName, []string{"rolebindings"}, []string{"get", "list", "create", "update", "delete"}),
 			},
 		},
 		&rbacv1.ClusterRoleBinding{

@@ -28,7 +28,8 @@ type routerAdapter struct{ *egress.Router }
 func (a routerAdapter) Stats() (router.Stats, error) {
 	s, err := a.Router.Stats()
 	return router.Stats{Tunnels: s.Tunnels, Peers: s.Peers, ConntrackEntries: s.ConntrackEntries,
-		Packets: s.Packets, Bytes: s.Bytes, NATConnections: s.NATConnections}, err
+		Packets: s.Packets, Bytes: s.Bytes, NATConnections: s.NATConnections,
+		DroppedSource: s.DroppedSource, DroppedDestination: s.DroppedDestination}, err
 }
 
 // interfaceAddrs returns the global unicast addresses of dev in the

@@ -104,7 +104,9 @@ const (
 )
 
 // startKube runs the API server with the Egress gateways/nat, and a user
-// holding exactly deploy/kubernetes's ClusterRole skein-egress.
+// holding what skein-controller grants a router account (deploy/
+// kubernetes's ClusterRole skein-egress, bound in the Egress's namespace
+// only, and the Egress by name), nothing cluster-wide.
 func startKube(t *testing.T) (*kube.Env, string) {
 	t.Helper()
 	env := kube.Start(t, kube.Options{Users: []kube.User{{Name: routerUser}}})
@@ -117,12 +119,22 @@ func startKube(t *testing.T) (*kube.Env, string) {
 	}
 	ctx := context.Background()
 	for _, o := range []client.Object{
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "skein-egress-test"},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egNS}},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: "skein-egress-" + egNS},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "skein-egress"},
 			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: routerUser}},
 		},
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: egNS}},
+		&rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: "skein-egress"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"skein.dev"}, Resources: []string{"egresses"},
+				ResourceNames: []string{"nat", "missing"}, Verbs: []string{"get", "list", "watch"}}},
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: "skein-egress"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "skein-egress"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: routerUser}},
+		},
 		&skeinv1.Egress{
 			ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: "nat"},
 			Spec:       skeinv1.EgressSpec{Destinations: []string{"0.0.0.0/0"}},
@@ -162,6 +174,7 @@ func (f *fakeDP) SyncPeers(p []netip.Addr) error {
 	}
 	return nil
 }
+func (f *fakeDP) SyncDestinations([]netip.Prefix) error { return nil }
 func (f *fakeDP) Stats() (router.Stats, error) {
 	return router.Stats{Tunnels: 1, Peers: 1, Packets: 7}, nil
 }

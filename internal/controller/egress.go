@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -77,15 +78,19 @@ func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return mgr.Add(manager.RunnableFunc(r.syncBindingAtStart))
 }
 
-// egressesOfNamespace lists the Egresses of namespace obj.
+// egressesOfNamespace lists the Egresses of namespace obj, and those that
+// serve it (spec.clientNamespaces names it): a client namespace made
+// after its Egress gets the routers' pod RoleBinding then.
 func (r *EgressReconciler) egressesOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
 	var list skeinv1.EgressList
-	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetName())); err != nil {
+	if err := r.Client.List(ctx, &list); err != nil {
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
+	var reqs []reconcile.Request
 	for _, eg := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&eg)})
+		if eg.Namespace == obj.GetName() || slices.Contains(eg.Spec.ClientNamespaces, obj.GetName()) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&eg)})
+		}
 	}
 	return reqs
 }

@@ -12,6 +12,7 @@ import (
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -619,8 +620,9 @@ func TestEgressDeletedRemovesOwned(t *testing.T) {
 			return ""
 		}
 	}
-	// access reports how the namespace's account and the binding differ
-	// from the owners (Egress names) and the namespaces wanted.
+	// access reports how the namespace's account, its pod RoleBindings
+	// and its Egress Role differ from the owners (Egress names) and the
+	// namespaces wanted.
 	access := func(owners, namespaces []string) func() string {
 		return func() string {
 			sa, err := getSA(c, egressNS)
@@ -632,12 +634,22 @@ func TestEgressDeletedRemovesOwned(t *testing.T) {
 			case owners != nil && !slices.Equal(ownerNames(sa), owners):
 				return fmt.Sprintf("ServiceAccount owners %q, want %q", ownerNames(sa), owners)
 			}
-			ns, msg := bindingNamespaces(c)
+			ns, msg := podBindingNamespaces(c)
 			if msg != "" {
 				return msg
 			}
 			if !slices.Equal(ns, namespaces) {
-				return fmt.Sprintf("binding's namespaces %q, want %q", ns, namespaces)
+				return fmt.Sprintf("pod RoleBindings of the accounts of %q, want %q", ns, namespaces)
+			}
+			role := &rbacv1.Role{}
+			err = c.Get(ctx, client.ObjectKey{Namespace: egressNS, Name: EgressRBACName}, role)
+			switch {
+			case owners == nil && !apierrors.IsNotFound(err):
+				return fmt.Sprintf("Role %s still there (get: %v)", EgressRBACName, err)
+			case owners != nil && err != nil:
+				return err.Error()
+			case owners != nil && (len(role.Rules) != 1 || !slices.Equal(role.Rules[0].ResourceNames, owners)):
+				return fmt.Sprintf("Role rules %+v, want egresses %q by name", role.Rules, owners)
 			}
 			return ""
 		}

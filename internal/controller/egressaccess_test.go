@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -160,6 +161,28 @@ func bindingNamespaces(c client.Client) ([]string, string) {
 	return out, ""
 }
 
+// podBindingNamespaces are the namespaces whose router accounts have a
+// pod RoleBinding (each in its own namespace, to the ClusterRole
+// skein-egress), after checking their shape.
+func podBindingNamespaces(c client.Client) ([]string, string) {
+	var list rbacv1.RoleBindingList
+	if err := c.List(context.Background(), &list, client.HasLabels{LabelEgressAccount}); err != nil {
+		return nil, err.Error()
+	}
+	var out []string
+	for _, rb := range list.Items {
+		ns := rb.Labels[LabelEgressAccount]
+		want := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: EgressServiceAccount, Namespace: ns}
+		if rb.Namespace != ns || rb.Name != "skein-egress-"+ns || len(rb.Subjects) != 1 || rb.Subjects[0] != want ||
+			rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "skein-egress"}) {
+			return nil, fmt.Sprintf("pod RoleBinding %s/%s: %+v %+v", rb.Namespace, rb.Name, rb.RoleRef, rb.Subjects)
+		}
+		out = append(out, ns)
+	}
+	slices.Sort(out)
+	return out, ""
+}
+
 func ownerNames(sa *corev1.ServiceAccount) []string {
 	var out []string
 	for _, o := range sa.OwnerReferences {
@@ -171,7 +194,8 @@ func ownerNames(sa *corev1.ServiceAccount) []string {
 }
 
 // One account per namespace, owned by each Egress there and removed with
-// the last; the binding lists the namespaces that have Egresses. An
+// the last; the accounts of the namespaces that have Egresses, and only
+// those, may read their pods (a RoleBinding there each). An
 // account of the same name the controller did not make is used, never
 // changed or removed.
 func TestEgressServiceAccount(t *testing.T) {
@@ -213,12 +237,12 @@ func TestEgressServiceAccount(t *testing.T) {
 					return fmt.Sprintf("account in %s owned by %v, want %v", ns, got, want)
 				}
 			}
-			got, msg := bindingNamespaces(c)
+			got, msg := podBindingNamespaces(c)
 			if msg != "" {
 				return msg
 			}
 			if !slices.Equal(got, wantNS) {
-				return fmt.Sprintf("binding's namespaces %v, want %v", got, wantNS)
+				return fmt.Sprintf("pod RoleBindings for the accounts of %v, want %v", got, wantNS)
 			}
 			return ""
 		}
@@ -383,4 +407,145 @@ func TestEgressBindingSyncedAtStart(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// routerClient reaches the API server as the router account of namespace
+// ns (impersonated by the administrator).
+func routerClient(t *testing.T, env *kube.Env, ns string) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":" + EgressServiceAccount,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	c, err := kube.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// canListPods: "" when the router client may list the pods of ns ("" =
+// all namespaces), else why not.
+func canListPods(c client.Client, ns string) error {
+	var pods corev1.PodList
+	var opts []client.ListOption
+	if ns != "" {
+		opts = append(opts, client.InNamespace(ns))
+	}
+	return c.List(context.Background(), &pods, opts...)
+}
+
+// The router account reads only what its routers need: the pods of the
+// namespaces its Egresses serve (the Egress's own and clientNamespaces,
+// in step as they change, including a namespace made later), every
+// namespace's only with "*", and its own namespace's Egresses by name;
+// nothing once the last Egress is gone. With deploy/kubernetes's
+// ClusterRole, as a cluster has it.
+func TestEgressRouterAccountScope(t *testing.T) {
+	env, c := startEgress(t, Options{})
+	if out, err := env.Kubectl("apply", "-f", "../../deploy/kubernetes/egress-rbac.yaml"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	ctx := context.Background()
+	for _, ns := range []string{"apps", "stranger", "other"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eg := newEgress("nat", "0.0.0.0/0")
+	eg.Spec.ClientNamespaces = []string{"apps", "later"}
+	theirs := newEgress("theirs", "0.0.0.0/0")
+	theirs.Namespace = "other"
+	for _, e := range []*skeinv1.Egress{eg, theirs} {
+		if err := c.Create(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := routerClient(t, env, egressNS)
+	type check struct {
+		what string
+		err  func() error
+		ok   bool
+	}
+	pods := func(ns string) func() error { return func() error { return canListPods(rc, ns) } }
+	getEgress := func(ns, name string) func() error {
+		return func() error {
+			return rc.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &skeinv1.Egress{})
+		}
+	}
+	listEgresses := func(field string) func() error {
+		return func() error {
+			opts := []client.ListOption{client.InNamespace(egressNS)}
+			if field != "" {
+				opts = append(opts, client.MatchingFields{"metadata.name": field})
+			}
+			return rc.List(ctx, &skeinv1.EgressList{}, opts...)
+		}
+	}
+	state := func(cs ...check) func() string {
+		return func() string {
+			var bad []string
+			for _, k := range cs {
+				err := k.err()
+				switch {
+				case k.ok && err != nil:
+					bad = append(bad, fmt.Sprintf("%s: %v, want allowed", k.what, err))
+				case !k.ok && !apierrors.IsForbidden(err):
+					bad = append(bad, fmt.Sprintf("%s: %v, want forbidden", k.what, err))
+				}
+			}
+			return strings.Join(bad, "; ")
+		}
+	}
+	eventually(t, "scoped to the served namespaces", state(
+		check{"list pods in its own namespace", pods(egressNS), true},
+		check{"list pods in the client namespace apps", pods("apps"), true},
+		check{"list pods in the unrelated namespace stranger", pods("stranger"), false},
+		check{"list pods of every namespace", pods(""), false},
+		check{"get its Egress", getEgress(egressNS, "nat"), true},
+		check{"list its Egress by name (skein-egress's informer)", listEgresses("nat"), true},
+		check{"list every Egress of its namespace", listEgresses(""), false},
+		check{"get another namespace's Egress", getEgress("other", "theirs"), false},
+	))
+
+	// A client namespace made after the Egress.
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "later"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a client namespace made later", state(check{"list pods in later", pods("later"), true}))
+
+	// clientNamespaces changes: the grants follow.
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Spec.ClientNamespaces = []string{"later"} })
+	eventually(t, "apps no longer served", state(
+		check{"list pods in apps", pods("apps"), false},
+		check{"list pods in later", pods("later"), true},
+		check{"list pods in its own namespace", pods(egressNS), true},
+	))
+	// "*": every namespace.
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Spec.ClientNamespaces = []string{"*"} })
+	eventually(t, "every namespace served", state(
+		check{"list pods of every namespace", pods(""), true},
+		check{"list pods in stranger", pods("stranger"), true},
+	))
+	updateEgress(t, c, eg, func(eg *skeinv1.Egress) { eg.Spec.ClientNamespaces = nil })
+	eventually(t, "back to its own namespace", state(
+		check{"list pods of every namespace", pods(""), false},
+		check{"list pods in stranger", pods("stranger"), false},
+		check{"list pods in later", pods("later"), false},
+		check{"list pods in its own namespace", pods(egressNS), true},
+	))
+
+	// The last Egress goes: so does every grant.
+	if err := c.Delete(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "no Egress left", state(
+		check{"list pods in its own namespace", pods(egressNS), false},
+		check{"get the deleted Egress's name", getEgress(egressNS, "nat"), false},
+	))
+	var rbs rbacv1.RoleBindingList
+	if err := c.List(ctx, &rbs, client.MatchingLabels{LabelEgressAccount: egressNS}); err != nil || len(rbs.Items) != 0 {
+		t.Errorf("pod RoleBindings of %s's router account left: %d %v", egressNS, len(rbs.Items), err)
+	}
 }

@@ -317,7 +317,7 @@ func TestGuestRouterPeers(t *testing.T) {
 	requireTunnels(t)
 	tp := newTopo(t, false)
 	r := tp.r[0]
-	name6 := routerTunnelName(client6)
+	name6 := routerName6(client6, 0)
 	if err := r.SyncPeers([]netip.Addr{client4}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,10 +16,16 @@ package egress
 // loop), and the same for each of ClientConfig.InCluster (the cluster's
 // pod pools, which must not go through a gateway even when they are not
 // private); routes in TableNarrow and TableWide. In a router pod (Router): the FoU ports, one tunnel
-// "egc4-"/"egc6-" + hash of the client address per client, its /32
+// per client address ("egc4-" + the IPv4 address's 8 hex digits; "egc6-"
+// + 8 hex digits of a hash of the IPv6 address, the next candidate hash
+// when another peer or a foreign device holds that name; the tunnel's
+// remote address is the record of which peer a name belongs to), its /32
 // (/128) route in RouterTable with the rule "iif <OutInterface> lookup
 // RouterTable" at RouterRulePrio, and the nftables table NFTable (a
-// forward chain with counters, a postrouting masquerade). Every device
+// forward chain that drops what comes out of a tunnel with an inner
+// source other than that tunnel's client, or to a destination outside
+// SyncDestinations', and counts the rest; a postrouting masquerade).
+// When a peer goes, so do its conntrack entries. Every device
 // carries the alias "skein-egress:..." that marks it as this package's;
 // nothing without it is touched, except a crashed run's half-made tunnel
 // (the alias is set by a second request): NewRouter removes an untagged

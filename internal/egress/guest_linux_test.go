@@ -2,6 +2,7 @@ package egress
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -32,8 +33,15 @@ func requireGuest(t testing.TB) {
 	guest.RequireGuest(t)
 }
 
+// TestEgressInGuest runs the inner tests; $SKEIN_EGRESS_GUEST_RUN, when
+// set, is the -test.run regexp instead of "^TestGuest" (to iterate on a
+// few: SKEIN_EGRESS_GUEST_RUN='^TestGuestRouterPeers$').
 func TestEgressInGuest(t *testing.T) {
-	guest.Run(t, guest.Config{Package: "./internal/egress", Run: "^TestGuest", Modules: guestModules})
+	run := "^TestGuest"
+	if r := os.Getenv("SKEIN_EGRESS_GUEST_RUN"); r != "" {
+		run = r
+	}
+	guest.Run(t, guest.Config{Package: "./internal/egress", Run: run, Modules: guestModules})
 }
 
 func BenchmarkEgressInGuest(b *testing.B) {

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"sort"
+	"strings"
 )
 
 // Sentinel errors; test with errors.Is.
@@ -75,11 +76,126 @@ func clientTunnelName(v6 bool, ns, name string) string {
 	return clientPrefix4 + hash8(ns+"/"+name)
 }
 
-func routerTunnelName(peer netip.Addr) string {
-	if peer.Is6() {
+// routerName4 is the device name of an IPv4 peer: its address's eight
+// hex digits, so two peers cannot share one.
+func routerName4(peer netip.Addr) string {
+	b := peer.As4()
+	return fmt.Sprintf("%s%02x%02x%02x%02x", routerPrefix4, b[0], b[1], b[2], b[3])
+}
+
+// routerName6 is the k-th candidate device name of an IPv6 peer: 128 bits
+// do not fit IFNAMSIZ, so a hash of the address (k = 0), or of
+// "<address>#k" after a collision.
+func routerName6(peer netip.Addr, k int) string {
+	if k == 0 {
 		return routerPrefix6 + hash8(peer.String())
 	}
-	return routerPrefix4 + hash8(peer.String())
+	return routerPrefix6 + hash8(fmt.Sprintf("%s#%d", peer, k))
+}
+
+// maxNameProbes bounds the candidates tried for an IPv6 peer; 32-bit
+// hashes that collide that often do not happen by chance.
+const maxNameProbes = 64
+
+// peerNames gives each peer (valid, unique) a device name. IPv4 names are
+// the address. An IPv6 peer keeps the name of its tunnel in cur (name ->
+// remote address: the kernel's tunnels are the record of the mapping, so
+// it survives nothing but is rebuilt from what is there), or gets the
+// first of its candidates that no other peer, no other tunnel in cur and
+// no device in taken (foreign devices of our names) holds. Names are
+// handed out in address order, so the result depends only on the
+// arguments.
+func peerNames(peers []netip.Addr, cur map[string]netip.Addr, taken map[string]bool) (map[netip.Addr]string, error) {
+	out := make(map[netip.Addr]string, len(peers))
+	used := map[string]bool{}
+	want := map[netip.Addr]bool{}
+	for _, p := range peers {
+		if p.Is4() {
+			n := routerName4(p)
+			out[p], used[n] = n, true
+		} else {
+			want[p] = true
+		}
+	}
+	curNames := make([]string, 0, len(cur))
+	for n := range cur {
+		curNames = append(curNames, n)
+	}
+	sort.Strings(curNames)
+	for _, n := range curNames {
+		p := cur[n]
+		if want[p] && out[p] == "" && !used[n] && strings.HasPrefix(n, routerPrefix6) {
+			out[p], used[n] = n, true
+		}
+	}
+	sorted := append([]netip.Addr(nil), peers...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Less(sorted[j]) })
+	var errs []error
+	for _, p := range sorted {
+		if !want[p] || out[p] != "" {
+			continue
+		}
+		for k := 0; k < maxNameProbes; k++ {
+			n := routerName6(p, k)
+			if o, ok := cur[n]; used[n] || taken[n] || ok && o != p {
+				continue
+			}
+			out[p], used[n] = n, true
+			break
+		}
+		if out[p] == "" {
+			errs = append(errs, fmt.Errorf("peer %s: no free device name in %d tries: %w", p, maxNameProbes, ErrInvalid))
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// addrRange is an inclusive range of addresses of one family.
+type addrRange struct{ first, last netip.Addr }
+
+// lastAddr is the highest address of p (masked).
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// destRanges validates the destinations of an Egress and merges them into
+// sorted, disjoint, non-adjacent ranges per family (what an nftables
+// interval set holds).
+func destRanges(ds []netip.Prefix) (v4, v6 []addrRange, err error) {
+	var rs []addrRange
+	for _, d := range ds {
+		if !d.IsValid() || d.Addr().Is4In6() || d.Addr().Zone() != "" {
+			return nil, nil, fmt.Errorf("destination %q is not a valid prefix: %w", d, ErrInvalid)
+		}
+		d = d.Masked()
+		rs = append(rs, addrRange{d.Addr(), lastAddr(d)})
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].first.Less(rs[j].first) })
+	for _, r := range rs {
+		out := &v4
+		if r.first.Is6() {
+			out = &v6
+		}
+		if n := len(*out); n > 0 {
+			prev := &(*out)[n-1]
+			// Sorted by first: r overlaps prev or follows it directly
+			// when it starts no later than prev.last+1 (which does not
+			// exist when prev reaches the family's last address).
+			if next := prev.last.Next(); !next.IsValid() || r.first.Compare(next) <= 0 {
+				if prev.last.Less(r.last) {
+					prev.last = r.last
+				}
+				continue
+			}
+		}
+		*out = append(*out, r)
+	}
+	return v4, v6, nil
 }
 
 // tunnel is one tunnel device as this package makes it.

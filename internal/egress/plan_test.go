@@ -109,8 +109,116 @@ func TestTunnelNames(t *testing.T) {
 	if clientTunnelName(false, "ns", "a") == clientTunnelName(false, "ns", "b") {
 		t.Errorf("two gateways share the name %q", clientTunnelName(false, "ns", "a"))
 	}
-	if r := routerTunnelName(ip("fd00:100::10")); r[:5] != routerPrefix6 || len(r) != 13 {
+	if r := routerName6(ip("fd00:100::10"), 0); r[:5] != routerPrefix6 || len(r) != 13 || !isPeerName(r) {
 		t.Errorf("router name %q", r)
+	}
+	if r := routerName4(ip("10.100.0.10")); r != "egc4-0a64000a" || !isPeerName(r) {
+		t.Errorf("router name %q, want egc4-0a64000a", r)
+	}
+}
+
+// collide finds two addresses gen(0), gen(1), ... whose strings hash
+// alike with 32-bit FNV-1a (the hash of the IPv6 names, and of the IPv4
+// names before they were the address).
+func collide(t *testing.T, gen func(i uint32) netip.Addr) (netip.Addr, netip.Addr) {
+	t.Helper()
+	seen := map[string]netip.Addr{}
+	for i := uint32(0); i < 1<<22; i++ {
+		a := gen(i)
+		h := hash8(a.String())
+		if b, ok := seen[h]; ok {
+			return b, a
+		}
+		seen[h] = a
+	}
+	t.Fatal("no collision found")
+	return netip.Addr{}, netip.Addr{}
+}
+
+// TestPeerNames: peers whose hashes collide get distinct names; a peer
+// keeps the name of the tunnel it has; foreign devices' names are
+// avoided; the outcome does not depend on the peers' order.
+func TestPeerNames(t *testing.T) {
+	a4, b4 := collide(t, func(i uint32) netip.Addr { return netip.AddrFrom4([4]byte{10, 1 + byte(i>>16), byte(i >> 8), byte(i)}) })
+	a6, b6 := collide(t, func(i uint32) netip.Addr {
+		return netip.AddrFrom16([16]byte{0xfd, 0, 12: byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)})
+	})
+	check := func(what string, got map[netip.Addr]string, err error, peers ...netip.Addr) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		byName := map[string]netip.Addr{}
+		for _, p := range peers {
+			n := got[p]
+			if !isPeerName(n) {
+				t.Errorf("%s: %s named %q", what, p, n)
+			}
+			if o, ok := byName[n]; ok {
+				t.Errorf("%s: %s and %s share %s", what, o, p, n)
+			}
+			byName[n] = p
+		}
+		if len(got) != len(peers) {
+			t.Errorf("%s: %d names for %d peers: %v", what, len(got), len(peers), got)
+		}
+	}
+	got, err := peerNames([]netip.Addr{b4, a4, b6, a6}, nil, nil)
+	check("colliding peers", got, err, a4, b4, a6, b6)
+	got2, err := peerNames([]netip.Addr{a6, a4, b6, b4}, nil, nil)
+	if err != nil || !reflect.DeepEqual(got, got2) {
+		t.Errorf("another order: %v %v, want %v", got2, err, got)
+	}
+	// b6 made first holds a6's first candidate: both keep working names,
+	// b6 its own.
+	cur := map[string]netip.Addr{routerName6(a6, 0): b6}
+	got, err = peerNames([]netip.Addr{a6, b6}, cur, nil)
+	check("existing tunnel", got, err, a6, b6)
+	if got[b6] != routerName6(a6, 0) {
+		t.Errorf("b6 named %s, want its tunnel's %s", got[b6], routerName6(a6, 0))
+	}
+	// A foreign device holds the first candidate.
+	got, err = peerNames([]netip.Addr{a6}, nil, map[string]bool{routerName6(a6, 0): true})
+	check("foreign device", got, err, a6)
+	if got[a6] == routerName6(a6, 0) {
+		t.Errorf("a6 got the foreign device's name %s", got[a6])
+	}
+	// A tunnel of a peer no longer wanted keeps its name from others.
+	got, err = peerNames([]netip.Addr{a6}, map[string]netip.Addr{routerName6(a6, 0): b6}, nil)
+	check("leaving tunnel", got, err, a6)
+	if got[a6] == routerName6(a6, 0) {
+		t.Errorf("a6 took the name %s of the tunnel still there", got[a6])
+	}
+}
+
+func TestDestRanges(t *testing.T) {
+	r := func(a, b string) addrRange { return addrRange{ip(a), ip(b)} }
+	for _, c := range []struct {
+		in     []string
+		v4, v6 []addrRange
+	}{
+		{in: nil},
+		{in: []string{"0.0.0.0/0", "::/0"}, v4: []addrRange{r("0.0.0.0", "255.255.255.255")},
+			v6: []addrRange{r("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}},
+		{in: []string{"192.0.2.0/24", "10.0.0.0/8", "10.1.0.0/16"}, v4: []addrRange{r("10.0.0.0", "10.255.255.255"), r("192.0.2.0", "192.0.2.255")}},
+		{in: []string{"192.0.2.128/25", "192.0.2.0/25", "192.0.3.0/24"}, v4: []addrRange{r("192.0.2.0", "192.0.3.255")}},
+		{in: []string{"192.0.2.0/25", "192.0.2.129/32"}, v4: []addrRange{r("192.0.2.0", "192.0.2.127"), r("192.0.2.129", "192.0.2.129")}},
+		{in: []string{"255.255.255.255/32", "255.255.255.0/24"}, v4: []addrRange{r("255.255.255.0", "255.255.255.255")}},
+		{in: []string{"2001:db8::/32", "2001:db8:1::/48"}, v6: []addrRange{r("2001:db8::", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff")}},
+	} {
+		var ps []netip.Prefix
+		for _, s := range c.in {
+			ps = append(ps, pfx(s))
+		}
+		v4, v6, err := destRanges(ps)
+		if err != nil || !reflect.DeepEqual(v4, c.v4) || !reflect.DeepEqual(v6, c.v6) {
+			t.Errorf("destRanges(%v) = %v %v %v, want %v %v", c.in, v4, v6, err, c.v4, c.v6)
+		}
+	}
+	for _, bad := range []netip.Prefix{{}, netip.PrefixFrom(ip("::ffff:10.0.0.0"), 104), netip.PrefixFrom(ip("10.0.0.0"), 33)} {
+		if _, _, err := destRanges([]netip.Prefix{pfx("10.0.0.0/8"), bad}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("destRanges with %v: %v, want ErrInvalid", bad, err)
+		}
 	}
 }
 

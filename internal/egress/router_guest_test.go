@@ -298,8 +298,8 @@ func TestGuestEgressPodMTU(t *testing.T) {
 	wantMTU(tp.client, clientTunnelName(false, "default", "egress"), mtu-28)
 	wantMTU(tp.client, clientTunnelName(true, "default", "egress"), mtu-48)
 	for _, rns := range tp.routers {
-		wantMTU(rns, routerTunnelName(client4), mtu-28)
-		wantMTU(rns, routerTunnelName(client6), mtu-48)
+		wantMTU(rns, routerName4(client4), mtu-28)
+		wantMTU(rns, routerName6(client6, 0), mtu-48)
 	}
 
 	// A server in the external namespace that sinks ('u') or sends ('d')
@@ -431,6 +431,9 @@ func TestGuestRouterRestart(t *testing.T) {
 	if err := r2.SyncPeers([]netip.Addr{client4, client6}); err != nil {
 		t.Fatal(err)
 	}
+	if err := r2.SyncDestinations(everywhere); err != nil {
+		t.Fatal(err)
+	}
 	h, err := openHandle(rns.Path(), false) // with a generic netlink socket there, for FoU
 	if err != nil {
 		t.Fatal(err)
@@ -471,8 +474,8 @@ func TestGuestRouterRestart(t *testing.T) {
 			ours = append(ours, fmt.Sprintf("%s:%d", ch.Name, len(rs)))
 		}
 	}
-	if strings.Join(ours, " ") != "forward:2 postrouting:1" {
-		t.Errorf("nftables table %s after the restart: chains %v, want forward with 2 rules, postrouting with 1", NFTable, ours)
+	if strings.Join(ours, " ") != "forward:6 postrouting:1" {
+		t.Errorf("nftables table %s after the restart: chains %v, want forward with 6 rules (4 drops, 2 counters), postrouting with 1", NFTable, ours)
 	}
 	for _, proto := range []string{"tcp", "udp"} {
 		for _, dst := range []netip.Addr{ext4, ext6} {
@@ -715,7 +718,11 @@ func TestGuestRouterUntaggedLeftover(t *testing.T) {
 	}
 	_ = r0 // dies without Close
 	for _, p := range []netip.Addr{client4, client6} {
-		tn := (&Router{cfg: RouterConfig{Port: DefaultPort, Local4: router4[0], Local6: router6[0]}}).tunnelFor(p)
+		name := routerName6(p, 0)
+		if p.Is4() {
+			name = routerName4(p)
+		}
+		tn := (&Router{cfg: RouterConfig{Port: DefaultPort, Local4: router4[0], Local6: router6[0]}}).tunnelFor(p, name)
 		tn.alias = "" // created, not tagged yet
 		if err := h.LinkAdd(tn.link()); err != nil {
 			t.Fatalf("the untagged leftover %s: %v", tn.name, err)

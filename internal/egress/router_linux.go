@@ -51,19 +51,30 @@ type RouterStats struct {
 	// NATConnections counts connections masqueraded (the first packet of
 	// each passes the nat chain).
 	NATConnections uint64
+	// DroppedSource counts packets out of a tunnel whose inner source was
+	// not that tunnel's client; DroppedDestination, those to an address
+	// outside the destinations (SyncDestinations).
+	DroppedSource, DroppedDestination uint64
 }
 
 // Router is the router side of one router pod. Its methods may be called
 // from any goroutine.
+//
+// It forwards from its tunnels only what a peer sends as itself (each
+// tunnel accepts its own client's address as the inner source, nothing
+// else) to a destination given to SyncDestinations; see nft_linux.go.
 type Router struct {
 	cfg RouterConfig
-	h   *netlink.Handle
+	h   *netlink.Handle // also conntrack: a removed peer's entries are deleted
 	nft *nftables.Conn
 	ct  *nl.NetlinkSocket // Stats' conntrack dumps
 
-	mu     sync.Mutex
-	peers  map[netip.Addr]bool
-	closed bool
+	mu    sync.Mutex
+	peers map[netip.Addr]bool
+	// unflushed are removed peers whose conntrack entries could not all
+	// be deleted yet: SyncPeers tries again (unless the peer is back).
+	unflushed map[netip.Addr]bool
+	closed    bool
 }
 
 // NewRouter prepares the router pod's namespace: forwarding on, rp_filter
@@ -105,7 +116,7 @@ func NewRouter(cfg RouterConfig) (_ *Router, retErr error) {
 	if err := requireFoU(); err != nil {
 		return nil, err
 	}
-	h, err := openHandle(cfg.NetNS, false)
+	h, err := openHandle(cfg.NetNS, true)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +131,7 @@ func NewRouter(cfg RouterConfig) (_ *Router, retErr error) {
 		ct.Close()
 		return nil, err
 	}
-	r := &Router{cfg: cfg, h: h, nft: c, ct: ct, peers: map[netip.Addr]bool{}}
+	r := &Router{cfg: cfg, h: h, nft: c, ct: ct, peers: map[netip.Addr]bool{}, unflushed: map[netip.Addr]bool{}}
 	if err := r.setup(); err != nil {
 		_ = r.Close()
 		return nil, err
@@ -219,7 +230,7 @@ func (r *Router) setup() error {
 }
 
 // isPeerName reports whether name has the shape of a peer's device name:
-// a router prefix and eight hex digits.
+// a router prefix and eight hex digits (an IPv4 address, or a hash).
 func isPeerName(name string) bool {
 	for _, p := range []string{routerPrefix4, routerPrefix6} {
 		if h, ok := strings.CutPrefix(name, p); ok && len(h) == 8 && strings.Trim(h, "0123456789abcdef") == "" {
@@ -229,8 +240,8 @@ func isPeerName(name string) bool {
 	return false
 }
 
-func (r *Router) tunnelFor(peer netip.Addr) tunnel {
-	t := tunnel{name: routerTunnelName(peer), v6: peer.Is6(), remote: peer, local: r.cfg.Local4,
+func (r *Router) tunnelFor(peer netip.Addr, name string) tunnel {
+	t := tunnel{name: name, v6: peer.Is6(), remote: peer, local: r.cfg.Local4,
 		sport: uint16(r.cfg.Port), dport: uint16(r.cfg.Port), alias: aliasPeer + peer.String()}
 	if t.v6 {
 		t.local = r.cfg.Local6
@@ -242,18 +253,26 @@ func (r *Router) tunnelFor(peer netip.Addr) tunnel {
 }
 
 // SyncPeers converges the tunnels to exactly one per peer (client pod
-// address), each with its route in RouterTable; tunnels of other peers
-// are removed. Peers of a family the router has no local address for are
-// skipped (and reported in the error). It does what it can for every
-// peer and returns the errors joined: one bad peer does not cut off the
-// others.
+// address), each with its route in RouterTable and its (device, address)
+// pair in the nftables peer set; tunnels of other peers are removed, and
+// so are the conntrack entries whose original source is a removed peer
+// (the sessions SNAT'd for it, and its tunnel's own flow: a pod made
+// later with the address must not get their replies). Peers of a family
+// the router has no local address for are skipped (and reported in the
+// error). It does what it can for every peer and returns the errors
+// joined: one bad peer does not cut off the others.
+//
+// Device names: an IPv4 peer's is its address in hex; an IPv6 peer keeps
+// the name of the tunnel it has, or gets the first free one of its hash
+// candidates (peerNames), so no two peers share one.
 func (r *Router) SyncPeers(peers []netip.Addr) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return errors.New("egress router: closed")
 	}
-	want := map[string]tunnel{}
+	var valid []netip.Addr
+	seen := map[netip.Addr]bool{}
 	var errs []error
 	for _, p := range peers {
 		p = p.Unmap()
@@ -265,36 +284,138 @@ func (r *Router) SyncPeers(peers []netip.Addr) error {
 			errs = append(errs, fmt.Errorf("peer %s: the router has no local address of its family: %w", p, ErrInvalid))
 			continue
 		}
-		t := r.tunnelFor(p)
-		if o, ok := want[t.name]; ok && o.remote != p {
-			errs = append(errs, fmt.Errorf("peers %s and %s hash to one device name %s: %w", o.remote, p, t.name, ErrInvalid))
-			continue
+		if !seen[p] {
+			seen[p] = true
+			valid = append(valid, p)
 		}
-		want[t.name] = t
 	}
 	found, err := listTunnels(r.h, routerPrefix4, routerPrefix6)
 	if err != nil {
 		return fmt.Errorf("egress router sync: %w", err)
 	}
 	cur, foreign := found.ours, found.foreign
+	remotes := make(map[string]netip.Addr, len(cur))
+	for name, t := range cur {
+		remotes[name] = t.remote
+	}
+	taken := make(map[string]bool, len(foreign))
+	for name := range foreign {
+		taken[name] = true
+	}
+	names, err := peerNames(valid, remotes, taken)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	want := map[string]tunnel{}
+	for _, p := range valid {
+		if n := names[p]; n != "" {
+			want[n] = r.tunnelFor(p, n)
+		}
+	}
+	old := r.peers
 	r.peers = map[netip.Addr]bool{}
+	var made []tunnel
 	for name, t := range want {
 		if err := r.ensurePeer(t, cur, foreign[name] != ""); err != nil {
 			errs = append(errs, fmt.Errorf("peer %s: %w", t.remote, err))
 			continue
 		}
 		r.peers[t.remote] = true
+		made = append(made, t)
 	}
-	for name := range cur {
+	for name, t := range cur {
 		if _, ok := want[name]; ok {
 			continue
 		}
 		if err := delLink(r.h, name); err != nil {
 			errs = append(errs, err)
 		}
+		if !seen[t.remote] {
+			r.unflushed[t.remote] = true
+		}
+	}
+	for p := range old {
+		if !seen[p] {
+			r.unflushed[p] = true
+		}
+	}
+	// The peer sets after the tunnels: a new peer's packets pass once
+	// both are there; a removed one's device is gone already.
+	v4, v6 := peerElements(made)
+	if err := replaceSets(r.nft, map[string][]nftables.SetElement{"peers4": v4, "peers6": v6}); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.flushConntrack(seen); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("egress router sync: %w", err)
+	}
+	return nil
+}
+
+// flushConntrack deletes the conntrack entries whose original source is
+// a peer in r.unflushed (unless keep has it again), and forgets the peers
+// done.
+func (r *Router) flushConntrack(keep map[netip.Addr]bool) error {
+	for p := range r.unflushed {
+		if keep[p] {
+			delete(r.unflushed, p)
+		}
+	}
+	if len(r.unflushed) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, v6 := range []bool{false, true} {
+		f := origSource{}
+		for p := range r.unflushed {
+			if p.Is6() == v6 {
+				f[p] = true
+			}
+		}
+		if len(f) == 0 {
+			continue
+		}
+		fam := netlink.InetFamily(unix.AF_INET)
+		if v6 {
+			fam = unix.AF_INET6
+		}
+		if _, err := r.h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f); err != nil {
+			errs = append(errs, fmt.Errorf("delete conntrack entries of removed peers: %w", err))
+			continue
+		}
+		for p := range f {
+			delete(r.unflushed, p)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// origSource matches conntrack entries by their original source address.
+type origSource map[netip.Addr]bool
+
+func (f origSource) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	return f[addrOf(flow.Forward.SrcIP)]
+}
+
+// SyncDestinations sets the destinations the router forwards to from its
+// tunnels: the Egress's spec.destinations (both families in one list;
+// overlaps are merged). Anything else a client sends is dropped. A
+// malformed prefix is an ErrInvalid and changes nothing. The change is
+// atomic: a packet sees the old list or the new.
+func (r *Router) SyncDestinations(dsts []netip.Prefix) error {
+	v4, v6, err := destRanges(dsts)
+	if err != nil {
+		return fmt.Errorf("egress router destinations: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("egress router: closed")
+	}
+	if err := replaceSets(r.nft, map[string][]nftables.SetElement{"dests4": rangeElements(v4), "dests6": rangeElements(v6)}); err != nil {
+		return fmt.Errorf("egress router destinations: %w", err)
 	}
 	return nil
 }
@@ -353,6 +474,8 @@ func (r *Router) Stats() (RouterStats, error) {
 	s.Packets = cs[tagOut].Packets + cs[tagIn].Packets
 	s.Bytes = cs[tagOut].Bytes + cs[tagIn].Bytes
 	s.NATConnections = cs[tagMasq].Packets
+	s.DroppedSource = cs[tagDropSrc4].Packets + cs[tagDropSrc6].Packets
+	s.DroppedDestination = cs[tagDropDst4].Packets + cs[tagDropDst6].Packets
 	return s, nil
 }
 

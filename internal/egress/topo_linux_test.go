@@ -41,6 +41,9 @@ var (
 	privDst4         = ip("10.200.0.10")                          // a private destination
 )
 
+// everywhere are the destinations of the routers newTopo makes.
+var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+
 const (
 	tcpPort = 7000
 	udpPort = 7001
@@ -146,6 +149,9 @@ func newTopo(t testing.TB, sourcePortAuto bool) *topo {
 		t.Cleanup(func() { _ = rt.Close() })
 		if err := rt.SyncPeers([]netip.Addr{client4, client6}); err != nil {
 			t.Fatalf("SyncPeers %d: %v", i+1, err)
+		}
+		if err := rt.SyncDestinations(everywhere); err != nil {
+			t.Fatalf("SyncDestinations %d: %v", i+1, err)
 		}
 		tp.r = append(tp.r, rt)
 	}

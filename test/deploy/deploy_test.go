@@ -82,10 +82,12 @@ func TestApply(t *testing.T) {
 	t.Run("egress", func(t *testing.T) { checkEgressRBAC(t, env) })
 }
 
-// checkEgressRBAC: the controller, with the base's permissions, can bind
-// the router role to a namespace's router account, and nothing more
-// (RBAC's escalation check stands behind the create it cannot narrow);
-// the router account then reads what skein-egress watches, not more.
+// checkEgressRBAC: the controller, with the base's permissions, can
+// grant a namespace's router account what skein-controller grants it (a
+// Role reading that namespace's Egresses by name, a RoleBinding to the
+// router ClusterRole in a served namespace), and nothing more (RBAC's
+// escalation check stands behind the creates it cannot narrow); the
+// router account then reads what skein-egress watches, not more.
 func checkEgressRBAC(t *testing.T, env *kube.Env) {
 	const (
 		controller = "system:serviceaccount:" + namespace + ":skein-controller"
@@ -94,18 +96,34 @@ func checkEgressRBAC(t *testing.T, env *kube.Env) {
 	if out, err := env.Kubectl("create", "serviceaccount", "skein-egress", "-n", "default", "--as", controller); err != nil {
 		t.Fatalf("the controller cannot make a router account: %v: %s", err, out)
 	}
-	if out, err := env.Kubectl("create", "clusterrolebinding", "skein-egress", "--clusterrole=skein-egress",
-		"--serviceaccount=default:skein-egress", "--as", controller); err != nil {
-		t.Fatalf("the controller cannot bind the router role: %v: %s", err, out)
+	if out, err := env.Kubectl("create", "role", "skein-egress", "-n", "default", "--verb=get,list,watch",
+		"--resource=egresses.skein.dev", "--resource-name=nat", "--as", controller); err != nil {
+		t.Fatalf("the controller cannot make the router account's Egress Role: %v: %s", err, out)
 	}
-	if out, err := env.Kubectl("create", "clusterrolebinding", "skein-test-escalation", "--clusterrole=cluster-admin",
+	if out, err := env.Kubectl("create", "rolebinding", "skein-egress", "-n", "default", "--role=skein-egress",
+		"--serviceaccount=default:skein-egress", "--as", controller); err != nil {
+		t.Fatalf("the controller cannot bind the Egress Role: %v: %s", err, out)
+	}
+	if out, err := env.Kubectl("create", "rolebinding", "skein-egress-default", "-n", "kube-system", "--clusterrole=skein-egress",
+		"--serviceaccount=default:skein-egress", "--as", controller); err != nil {
+		t.Fatalf("the controller cannot bind the router ClusterRole in a served namespace: %v: %s", err, out)
+	}
+	if out, err := env.Kubectl("create", "rolebinding", "skein-test-escalation", "-n", "default", "--clusterrole=cluster-admin",
 		"--serviceaccount=default:skein-egress", "--as", controller); err == nil || !strings.Contains(string(out), "forbidden") {
 		t.Errorf("the controller binding cluster-admin: %v: %s; want forbidden", err, out)
 	}
+	if out, err := env.Kubectl("create", "role", "skein-test-escalation", "-n", "default", "--verb=get",
+		"--resource=secrets", "--as", controller); err == nil || !strings.Contains(string(out), "forbidden") {
+		t.Errorf("the controller making a Role that reads secrets: %v: %s; want forbidden", err, out)
+	}
 	for _, r := range []access{
-		{"watch", "pods", "", "", true},
-		{"list", "egresses.skein.dev", "", "", true},
+		{"watch", "pods", "", "", false},
+		{"list", "pods", "", "default", false},
+		{"get", "egresses.skein.dev/nat", "", "default", true},
+		{"get", "egresses.skein.dev/other", "", "default", false},
+		{"list", "egresses.skein.dev", "", "", false},
 		{"get", "pods", "", "kube-system", true},
+		{"watch", "pods", "", "kube-system", true},
 		{"update", "pods", "", "default", false},
 		{"update", "egresses.skein.dev", "status", "default", false},
 		{"get", "secrets", "", "default", false},
@@ -349,6 +367,8 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 		deploys  = "deployments.apps"
 		crbs     = "clusterrolebindings.rbac.authorization.k8s.io"
 		croles   = "clusterroles.rbac.authorization.k8s.io"
+		roles    = "roles.rbac.authorization.k8s.io"
+		rbs      = "rolebindings.rbac.authorization.k8s.io"
 	)
 	table := map[string][]access{
 		"skein-controller": {
@@ -425,6 +445,16 @@ func checkRBAC(t *testing.T, env *kube.Env) {
 			{"bind", croles + "/skein-egress", "", "", true},
 			{"bind", croles + "/cluster-admin", "", "", false},
 			{"update", croles + "/skein-egress", "", "", false},
+			// The router accounts' Egress Role (by name) and their
+			// RoleBindings (names vary: skein-egress-<namespace>).
+			{"create", roles, "", "default", true},
+			{"update", roles + "/skein-egress", "", "default", true},
+			{"delete", roles + "/skein-egress", "", "default", true},
+			{"update", roles + "/skein-controller", "", namespace, false},
+			{"list", roles, "", "", false},
+			{"create", rbs, "", "default", true},
+			{"list", rbs, "", "", true},
+			{"delete", rbs, "", "default", true},
 		},
 		"skeind": {
 			{"list", pools, "", "", true},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -31,6 +33,10 @@ type Stats struct {
 	ConntrackEntries int    // NAT connections tracked
 	Packets, Bytes   uint64 // forwarded between tunnels and outside (nftables counters)
 	NATConnections   uint64 // connections masqueraded
+	// DroppedSource and DroppedDestination count packets out of the
+	// tunnels dropped for a source not their client's and for a
+	// destination not the Egress's.
+	DroppedSource, DroppedDestination uint64
 }
 
 // Dataplane is the router side of the data plane, as internal/egress's
@@ -39,8 +45,14 @@ type Stats struct {
 // repeat; after an error some peers may lack a tunnel, and the next call
 // tries again. Close removes everything the data plane made. None of them
 // is called concurrently with another.
+//
+// SyncDestinations sets the destinations the data plane forwards to from
+// its tunnels (the Egress's spec.destinations, both families; a new data
+// plane forwards nowhere until it is called); it refuses a malformed
+// prefix, changing nothing.
 type Dataplane interface {
 	SyncPeers(peers []netip.Addr) error
+	SyncDestinations(dsts []netip.Prefix) error
 	Stats() (Stats, error)
 	Close() error
 }
@@ -80,8 +92,9 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the wait before a failed sync is
 	// tried again (doubling); 0 means 100 ms and 30 s.
 	MinBackoff, MaxBackoff time.Duration
-	// SyncTimeout bounds the wait for the informers' first list; 0 means
-	// two minutes.
+	// SyncTimeout bounds the wait for an informer's first list (the
+	// Egress's at the start, a served namespace's pods when it comes);
+	// 0 means two minutes.
 	SyncTimeout time.Duration
 	// Log; nil means slog.Default().
 	Log *slog.Logger
@@ -91,14 +104,21 @@ type Options struct {
 type Agent struct {
 	o     Options
 	peers *peerSet
+	pods  *podInformers // started by Run
 	kick  chan struct{}
 	m     *metrics
 
 	dpMu  sync.Mutex
 	dp    Dataplane // nil until the Egress is known
 	dpCfg DataplaneConfig
+	// dests are the destinations dp was last given; nil for a data plane
+	// not given any yet.
+	dests []netip.Prefix
 	// serves is the namespaces' filter of the last sync (Egress.Serves).
 	serves func(namespace string) bool
+	// watched are the namespaces whose pods are watched (nil until the
+	// Egress is known; step's alone).
+	watched []string
 	// waitLogged: "waiting for the Egress" was logged (once is enough).
 	waitLogged bool
 	ready      atomic.Bool
@@ -155,6 +175,22 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		return err
 	}
+	cs, err := kubernetes.NewForConfig(a.o.Config)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	a.pods = &podInformers{
+		cs:    cs,
+		strip: func(p *corev1.Pod) *corev1.Pod { return Strip(p, a.o.Namespace) },
+		handler: toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { a.podChanged(obj) },
+			UpdateFunc: func(_, obj any) { a.podChanged(obj) },
+			DeleteFunc: a.podDeleted,
+		},
+		forget: a.peers.forget,
+		byNS:   map[string]*podInformer{},
+	}
+	defer a.pods.stop()
 	defer func() {
 		a.dpMu.Lock()
 		defer a.dpMu.Unlock()
@@ -222,6 +258,18 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	case err != nil:
 		return fmt.Errorf("read Egress %s/%s: %w", a.o.Namespace, a.o.Name, err)
 	}
+	// The pods of the namespaces the Egress serves (with the Egress gone,
+	// those it served last), listed before the data plane hears of them;
+	// outside dpMu, which the metrics take.
+	var podsErr error
+	if eg != nil {
+		a.watched = watchedNamespaces(eg)
+	}
+	if a.watched != nil {
+		if podsErr = a.pods.ensure(ctx, a.watched, a.o.SyncTimeout); podsErr != nil && ctx.Err() != nil {
+			return nil
+		}
+	}
 	a.dpMu.Lock()
 	defer a.dpMu.Unlock()
 	if eg == nil && a.dp == nil {
@@ -246,9 +294,27 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 			if err != nil {
 				return &fatalError{fmt.Errorf("open the data plane: %w", err)}
 			}
-			a.dp, a.dpCfg = dp, cfg
+			a.dp, a.dpCfg, a.dests = dp, cfg, nil
 			a.o.Log.Info("data plane open", "local4", cfg.Local4, "local6", cfg.Local6, "port", cfg.Port,
 				"outInterface", cfg.OutInterface, "sourcePortAuto", cfg.SourcePortAuto)
+		}
+	}
+	// The destinations before the peers: the router forwards from its
+	// tunnels only to them. A list the data plane refuses (or one that
+	// does not parse, which the API's validation should not let through)
+	// leaves the last one in place; the peers are synced all the same,
+	// and the error makes the step count as failed (retried, logged).
+	var destErr error
+	if eg != nil {
+		dsts, err := destinations(eg)
+		if err == nil && (a.dests == nil || !slices.Equal(dsts, a.dests)) {
+			if err = a.dp.SyncDestinations(dsts); err == nil {
+				a.dests = dsts
+				a.o.Log.Info("destinations set", "destinations", dsts)
+			}
+		}
+		if err != nil {
+			destErr = fmt.Errorf("destinations of Egress %s/%s: %w", a.o.Namespace, a.o.Name, err)
 		}
 	}
 	// Only pods of the namespaces the Egress serves are peers: another
@@ -267,7 +333,10 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	peers := a.families(addrs)
 	start := time.Now()
 	if err := a.dp.SyncPeers(peers); err != nil {
-		return fmt.Errorf("sync %d peers of %d client pods: %w", len(peers), pods, err)
+		return errors.Join(podsErr, destErr, fmt.Errorf("sync %d peers of %d client pods: %w", len(peers), pods, err))
+	}
+	if err := errors.Join(podsErr, destErr); err != nil {
+		return err
 	}
 	a.o.Log.Debug("synced", "peers", len(peers), "pods", pods, "took", time.Since(start))
 	if !a.ready.Swap(true) {
@@ -275,6 +344,20 @@ func (a *Agent) step(ctx context.Context, c cache.Cache) error {
 	}
 	a.problem.Store(nil)
 	return nil
+}
+
+// destinations parses eg's spec.destinations (never nil: an empty list
+// is an empty slice, so that it differs from "not given yet").
+func destinations(eg *skeinv1.Egress) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(eg.Spec.Destinations))
+	for _, d := range eg.Spec.Destinations {
+		p, err := netip.ParsePrefix(d)
+		if err != nil {
+			return nil, fmt.Errorf("destination %q: %w", d, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // families keeps the addresses of the families the router has an
@@ -301,19 +384,14 @@ func (a *Agent) poke() {
 	}
 }
 
-// startCache starts informers on every Pod (stripped to what ClientAddrs
-// reads) and on the one Egress, and waits for their first list.
+// startCache starts the informer on the one Egress (listed and watched by
+// name, which is all the router's account may read of egresses) and
+// waits for its first list. The pod informers follow in step, once the
+// Egress says which namespaces it serves.
 func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
-	strip := func(obj any) (any, error) {
-		if p, ok := obj.(*corev1.Pod); ok {
-			return Strip(p, a.o.Namespace), nil
-		}
-		return obj, nil
-	}
 	c, err := cache.New(a.o.Config, cache.Options{
 		Scheme: scheme,
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Transform: strip},
 			&skeinv1.Egress{}: {
 				Namespaces: map[string]cache.Config{a.o.Namespace: {}},
 				Field:      fields.OneTermEqualSelector("metadata.name", a.o.Name),
@@ -322,17 +400,6 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes cache: %w", err)
-	}
-	pods, err := c.GetInformer(ctx, &corev1.Pod{})
-	if err != nil {
-		return nil, fmt.Errorf("pod informer: %w", err)
-	}
-	if _, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { a.podChanged(obj) },
-		UpdateFunc: func(_, obj any) { a.podChanged(obj) },
-		DeleteFunc: a.podDeleted,
-	}); err != nil {
-		return nil, fmt.Errorf("pod handler: %w", err)
 	}
 	egs, err := c.GetInformer(ctx, &skeinv1.Egress{})
 	if err != nil {
@@ -352,7 +419,7 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("pods and Egress %s/%s not listed within %v (is the API server %s reachable, and may this router get, list and watch pods and egresses?)",
+		return nil, fmt.Errorf("Egress %s/%s not listed within %v (is the API server %s reachable, and may this router get, list and watch it?)",
 			a.o.Namespace, a.o.Name, a.o.SyncTimeout, a.o.Config.Host)
 	}
 	a.poke() // the first sync, also with no client at all

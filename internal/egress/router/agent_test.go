@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,7 +31,8 @@ type fakeDP struct {
 
 	mu      sync.Mutex
 	syncs   [][]netip.Addr
-	failing int // SyncPeers calls still to refuse
+	dests   [][]netip.Prefix // SyncDestinations calls
+	failing int              // SyncPeers calls still to refuse
 	closed  bool
 	stats   Stats
 }
@@ -48,6 +50,31 @@ func (f *fakeDP) SyncPeers(peers []netip.Addr) error {
 	f.syncs = append(f.syncs, slices.Clone(peers))
 	f.stats.Peers, f.stats.Tunnels = len(peers), len(peers)
 	return nil
+}
+
+func (f *fakeDP) SyncDestinations(dsts []netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return errors.New("sync after close")
+	}
+	f.dests = append(f.dests, slices.Clone(dsts))
+	return nil
+}
+
+// lastDests is the last destination list the data plane was given, as
+// strings, and whether it was given one.
+func (f *fakeDP) lastDests() ([]string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.dests) == 0 {
+		return nil, false
+	}
+	var out []string
+	for _, d := range f.dests[len(f.dests)-1] {
+		out = append(out, d.String())
+	}
+	return out, true
 }
 
 func (f *fakeDP) Stats() (Stats, error) {
@@ -126,7 +153,14 @@ func start(t *testing.T, failing int) *rig {
 
 func startResync(t *testing.T, failing int, resync time.Duration) *rig {
 	t.Helper()
-	env := kube.Start(t, kube.Options{})
+	return startWith(t, failing, resync, kube.Options{}, func(env *kube.Env, _ client.Client) *rest.Config { return env.Config })
+}
+
+// startWith is start with the API server's options and the agent's
+// configuration (made once the namespaces exist) chosen.
+func startWith(t *testing.T, failing int, resync time.Duration, opts kube.Options, as func(*kube.Env, client.Client) *rest.Config) *rig {
+	t.Helper()
+	env := kube.Start(t, opts)
 	c, err := kube.NewClient(env.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +172,7 @@ func startResync(t *testing.T, failing int, resync time.Duration) *rig {
 	}
 	r := &rig{env: env, c: c, op: &opener{failing: failing}, done: make(chan error, 1)}
 	r.agent, err = New(Options{
-		Config: env.Config, Namespace: egNS, Name: egName, Open: r.op.open,
+		Config: as(env, c), Namespace: egNS, Name: egName, Open: r.op.open,
 		Dataplane:  DataplaneConfig{Port: 5555, Local4: netip.MustParseAddr("10.9.0.1"), Local6: netip.MustParseAddr("fd09::1"), OutInterface: "eth0"},
 		Coalesce:   10 * time.Millisecond,
 		Resync:     resync,
@@ -439,6 +473,116 @@ func TestSourcePortFollowsEgress(t *testing.T) {
 	if !cur.closed {
 		t.Error("the data plane is still open after Run returned")
 	}
+}
+
+// TestDestinationsFollowEgress: the data plane forwards to the Egress's
+// destinations only: it gets them before its first peers, again when
+// they change, and a data plane reopened (fouSourcePort) gets them too.
+func TestDestinationsFollowEgress(t *testing.T) {
+	r := start(t, 0)
+	ctx := context.Background()
+	r.createPod(t, "apps", "a", map[string]string{skeinv1.AnnotationEgressPrefix + egNS: "nat"}, false, corev1.PodRunning, "10.1.0.1")
+	eg := r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	r.wantPeers(t, "first sync", "10.1.0.1")
+	wantDests := func(what string, want ...string) {
+		t.Helper()
+		eventually(t, what, func() string {
+			dp := r.op.current()
+			got, ok := dp.lastDests()
+			if !ok || !slices.Equal(got, want) {
+				return fmt.Sprintf("destinations %v (given: %v), want %v", got, ok, want)
+			}
+			return ""
+		})
+	}
+	wantDests("at the start", "0.0.0.0/0")
+	first := r.op.current()
+	first.mu.Lock()
+	if len(first.dests) == 0 || len(first.syncs) == 0 {
+		t.Errorf("first data plane: %d destination and %d peer syncs", len(first.dests), len(first.syncs))
+	}
+	first.mu.Unlock()
+
+	eg.Spec.Destinations = []string{"192.0.2.0/24", "2001:db8::/32"}
+	if err := r.c.Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	wantDests("after a change", "192.0.2.0/24", "2001:db8::/32")
+	if n := len(r.op.all()); n != 1 {
+		t.Errorf("%d data planes after a destinations change, want 1", n)
+	}
+
+	if err := r.c.Get(ctx, client.ObjectKeyFromObject(eg), eg); err != nil {
+		t.Fatal(err)
+	}
+	eg.Spec.FoUSourcePort = skeinv1.FoUSourcePortAuto
+	if err := r.c.Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "reopened", func() string {
+		if n := len(r.op.all()); n != 2 {
+			return fmt.Sprintf("%d data planes opened", n)
+		}
+		return ""
+	})
+	wantDests("after reopening", "192.0.2.0/24", "2001:db8::/32")
+}
+
+// TestNarrowAccount: with only the grants skein-controller gives a router
+// account (its Egress by name; pods of the served namespaces, here
+// gateways, apps and web, not stranger), the agent lists and watches what
+// it needs (a cluster-wide pod list would be refused), and follows
+// spec.clientNamespaces: a namespace no longer served is no longer
+// watched and its pods no longer peers; a newly served one is.
+func TestNarrowAccount(t *testing.T) {
+	const user = "router"
+	r := startWith(t, 0, time.Hour, kube.Options{Users: []kube.User{{Name: user}}}, func(env *kube.Env, c client.Client) *rest.Config {
+		subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
+		objs := []client.Object{
+			&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "skein-egress"}, Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}}},
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: "skein-egress"}, Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{"skein.dev"}, Resources: []string{"egresses"}, ResourceNames: []string{egName}, Verbs: []string{"get", "list", "watch"}}}},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: egNS, Name: "skein-egress"},
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "skein-egress"}, Subjects: subject},
+		}
+		for _, ns := range []string{egNS, "apps", "web"} {
+			objs = append(objs, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "skein-egress-" + egNS},
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "skein-egress"}, Subjects: subject})
+		}
+		for _, o := range objs {
+			if err := c.Create(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return env.UserConfig(user)
+	})
+	use := map[string]string{skeinv1.AnnotationEgressPrefix + egNS: egName}
+	r.createPod(t, "apps", "a", use, false, corev1.PodRunning, "10.1.0.1")
+	r.createPod(t, "web", "w", use, false, corev1.PodRunning, "10.1.0.2")
+	r.createPod(t, "stranger", "s", use, false, corev1.PodRunning, "10.1.0.9")
+	eg := r.createEgress(t, skeinv1.FoUSourcePortFixed)
+	r.wantPeers(t, "apps and web served", "10.1.0.1", "10.1.0.2")
+	eventually(t, "ready", func() string {
+		if !r.agent.Ready() {
+			return "not ready"
+		}
+		return ""
+	})
+
+	eg.Spec.ClientNamespaces = []string{"web"}
+	if err := r.c.Update(context.Background(), eg); err != nil {
+		t.Fatal(err)
+	}
+	r.wantPeers(t, "apps no longer served", "10.1.0.2")
+	r.agent.pods.mu.Lock()
+	_, watching := r.agent.pods.byNS["apps"]
+	r.agent.pods.mu.Unlock()
+	if watching {
+		t.Error("the pods of apps are still watched")
+	}
+	r.createPod(t, "web", "w2", use, false, corev1.PodRunning, "10.1.0.3")
+	r.wantPeers(t, "a new client in web", "10.1.0.2", "10.1.0.3")
 }
 
 // TestSyncErrorsRetried: a refused sync is counted, retried, and the

@@ -10,4 +10,8 @@
 // finished, with addresses in status.podIPs. The peer set is kept per pod
 // from informer events, so a change costs the changed pod, not a list of
 // the cluster; changes are coalesced before the data plane hears of them.
+// The pod informers cover only the namespaces the Egress serves (one per
+// namespace, or one over all for "*"), which is all the router's account
+// may read; the Egress itself is read by name. The data plane is given
+// the Egress's destinations too: the router forwards only to them.
 package router

@@ -21,6 +21,7 @@ var (
 	packetsDesc   = prometheus.NewDesc("skein_egress_packets_total", "Packets the router forwarded between its tunnels and the outside, both ways (its nftables counters).", nil, nil)
 	bytesDesc     = prometheus.NewDesc("skein_egress_bytes_total", "Bytes the router forwarded between its tunnels and the outside, both ways (its nftables counters).", nil, nil)
 	natDesc       = prometheus.NewDesc("skein_egress_nat_connections_total", "Connections the router masqueraded.", nil, nil)
+	droppedDesc   = prometheus.NewDesc("skein_egress_dropped_packets_total", "Packets out of the tunnels the router dropped: reason source (not the tunnel's client's address) or destination (not one of the Egress's).", []string{"reason"}, nil)
 )
 
 func newMetrics(a *Agent) *metrics {
@@ -40,7 +41,7 @@ func newMetrics(a *Agent) *metrics {
 type collector struct{ a *Agent }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{clientsDesc, tunnelsDesc, peersDesc, conntrackDesc, packetsDesc, bytesDesc, natDesc} {
+	for _, d := range []*prometheus.Desc{clientsDesc, tunnelsDesc, peersDesc, conntrackDesc, packetsDesc, bytesDesc, natDesc, droppedDesc} {
 		ch <- d
 	}
 }
@@ -76,6 +77,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(st.Packets))
 	ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.CounterValue, float64(st.Bytes))
 	ch <- prometheus.MustNewConstMetric(natDesc, prometheus.CounterValue, float64(st.NATConnections))
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(st.DroppedSource), "source")
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(st.DroppedDestination), "destination")
 }
 
 // Handler serves /metrics, /healthz (the process answers) and /readyz

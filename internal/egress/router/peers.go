@@ -52,8 +52,8 @@ func ClientAddrs(pod *corev1.Pod, namespace, name string) []netip.Addr {
 }
 
 // Strip returns the part of pod ClientAddrs reads (and its identity), for
-// the informer's transform: a router watches every pod of the cluster,
-// and keeps only this of each.
+// the informer's transform: a router watches every pod of the namespaces
+// its Egress serves, and keeps only this of each.
 func Strip(pod *corev1.Pod, namespace string) *corev1.Pod {
 	out := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -113,6 +113,18 @@ func (s *peerSet) remove(key string) bool {
 	_, had := s.byPod[key]
 	delete(s.byPod, key)
 	return had
+}
+
+// forget drops the pods of the namespaces keep does not admit (their
+// informer stopped).
+func (s *peerSet) forget(keep func(namespace string) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key := range s.byPod {
+		if ns, _, _ := strings.Cut(key, "/"); !keep(ns) {
+			delete(s.byPod, key)
+		}
+	}
 }
 
 // snapshot returns the client addresses of pods whose namespace serves
