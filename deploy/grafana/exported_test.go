@@ -285,7 +285,8 @@ var admissionReview = []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"Admiss
 // fakeDP is a data plane that has every figure the agent reports.
 type fakeDP struct{}
 
-func (fakeDP) SyncPeers([]netip.Addr) error { return nil }
+func (fakeDP) SyncPeers([]netip.Addr) error          { return nil }
+func (fakeDP) SyncDestinations([]netip.Prefix) error { return nil }
 func (fakeDP) Stats() (router.Stats, error) {
 	return router.Stats{Tunnels: 1, Peers: 1, ConntrackEntries: 2, Packets: 3, Bytes: 4, NATConnections: 5}, nil
 }
