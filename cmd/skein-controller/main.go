@@ -18,13 +18,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/skeinnet/skein/internal/kubeclient"
+
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -155,7 +155,7 @@ func run(ctx context.Context, fl flags) error {
 	}
 	ctrl.SetLogger(logger)
 
-	cfg, err := restConfig(fl.kubeconfig)
+	cfg, err := kubeclient.Config(fl.kubeconfig, "skein-controller")
 	if err != nil {
 		return err
 	}
@@ -246,25 +246,6 @@ func managerOptions(fl flags) ctrl.Options {
 		RenewDeadline:                 &fl.renewDeadline,
 		RetryPeriod:                   &fl.retryPeriod,
 	}
-}
-
-// restConfig reads kubeconfig, or the in-cluster configuration when it is
-// empty.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		c, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster configuration (give --kubeconfig outside a cluster): %w", err)
-		}
-		c.UserAgent = "skein-controller"
-		return c, nil
-	}
-	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("read kubeconfig %s: %w", kubeconfig, err)
-	}
-	c.UserAgent = "skein-controller"
-	return c, nil
 }
 
 func newLogger(level, format string) (logr.Logger, error) {

@@ -19,9 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/skeinnet/skein/internal/kubeclient"
+
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/egress/router"
@@ -110,7 +110,7 @@ func run(ctx context.Context, fl flags, open router.Opener) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := restConfig(fl.kubeconfig)
+	cfg, err := kubeclient.Config(fl.kubeconfig, "skein-egress")
 	if err != nil {
 		return err
 	}
@@ -180,22 +180,6 @@ func localAddrs(getenv func(string) string, fl flags) (v4, v6 netip.Addr, err er
 		return v4, v6, fmt.Errorf("no address of the router in %s", src)
 	}
 	return v4, v6, nil
-}
-
-// restConfig reads kubeconfig, or the in-cluster configuration when it is
-// empty.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	var c *rest.Config
-	var err error
-	if kubeconfig == "" {
-		if c, err = rest.InClusterConfig(); err != nil {
-			return nil, fmt.Errorf("in-cluster configuration (give --kubeconfig outside a cluster): %w", err)
-		}
-	} else if c, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-		return nil, fmt.Errorf("read kubeconfig %s: %w", kubeconfig, err)
-	}
-	c.UserAgent = "skein-egress"
-	return c, nil
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

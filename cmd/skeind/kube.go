@@ -8,8 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/skeinnet/skein/internal/kubeclient"
+
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skeinnet/skein/internal/daemon"
 	"github.com/skeinnet/skein/internal/kubestore"
@@ -154,29 +155,13 @@ func openKubeStore(ctx context.Context, cfg daemon.Config, rc *rest.Config, c *s
 
 // restConfig is the API server's configuration, with skeind's user agent.
 func (k kubeFlags) restConfig(node string) (*rest.Config, error) {
-	rc, err := restConfig(k.kubeconfig)
+	rc, err := kubeclient.Config(k.kubeconfig, "")
 	if err != nil {
 		return nil, err
 	}
 	rc.UserAgent = "skeind/" + daemon.Version + " (" + node + ")"
 	if k.wrap != nil {
 		rc.Wrap(k.wrap)
-	}
-	return rc, nil
-}
-
-// restConfig reads path, or the in-cluster configuration when path is "".
-func restConfig(path string) (*rest.Config, error) {
-	if path == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster kubernetes configuration (give --kubeconfig outside a pod): %w", err)
-		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", path)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 	}
 	return rc, nil
 }
