@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/store"
+	"github.com/skeinnet/skein/test/harness"
 )
 
 // fakeKernel is a Kernel kept in memory: a map of host links. Errors are
@@ -222,25 +222,8 @@ type testNode struct {
 	kernel *fakeKernel
 	st     *faultyStore
 	d      *Daemon
-	log    *syncBuffer
+	log    *harness.SyncBuffer
 	cfg    Config
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newTestNode starts a daemon with pool "p" (10.0.0.0/24 and fd00::/120,
@@ -268,7 +251,7 @@ func (n *testNode) start() error {
 		return err
 	}
 	n.st = &faultyStore{Store: bolt}
-	n.log = &syncBuffer{}
+	n.log = &harness.SyncBuffer{}
 	cfg := n.cfg
 	cfg.Node, cfg.MetricsAddr = "n1", "off"
 	cfg.Store, cfg.Kernel = n.st, n.kernel

@@ -129,7 +129,7 @@ type world struct {
 	dir   string
 	d     *daemon.Daemon
 	pods  *kurma.Manager
-	log   *bytes.Buffer
+	log   *harness.SyncBuffer
 	cfg   daemon.Config
 	state string // <state>/pod-networks
 }
@@ -156,7 +156,7 @@ func netsJSON(s string) json.RawMessage {
 func newWorld(t *testing.T, nets string) *world {
 	t.Helper()
 	needRoot(t)
-	w := &world{t: t, node: harness.NewNS(t, "knode"), dir: t.TempDir(), log: &bytes.Buffer{}}
+	w := &world{t: t, node: harness.NewNS(t, "knode"), dir: t.TempDir(), log: &harness.SyncBuffer{}}
 	// The networks' state directories are tmpfs mounts that outlive the
 	// daemon (see package sandbox); after it stops, before the removal.
 	t.Cleanup(func() { harness.UnmountUnder(w.dir) })
@@ -166,7 +166,7 @@ func newWorld(t *testing.T, nets string) *world {
 		MetricsAddr: "off", Dataplane: dataplane.Config{NodeNetNS: w.node.Path()},
 		Pools:       []daemon.PoolSpec{{Name: "default", Subnets: []string{"10.77.0.0/16"}}},
 		PodNetworks: netsJSON(nets),
-		Logger:      slog.New(slog.NewTextHandler(&syncWriter{w: w.log}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:      slog.New(slog.NewTextHandler(w.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	w.start()
 	t.Cleanup(func() {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"text/template"
@@ -34,25 +33,8 @@ type birdNode struct {
 type birdProc struct {
 	ctl  string // control socket, for birdc -s
 	cmd  *exec.Cmd
-	log  *syncBuffer
+	log  *harness.SyncBuffer
 	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startBird writes birdConf for self and runs `bird -f -c CONF -s CTL`
@@ -79,7 +61,7 @@ func startBird(t *testing.T, ns *harness.NS, self birdNode) *birdProc {
 	if err := os.WriteFile(conf, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := &birdProc{ctl: filepath.Join(dir, "bird.ctl"), log: &syncBuffer{}, done: make(chan struct{})}
+	p := &birdProc{ctl: filepath.Join(dir, "bird.ctl"), log: &harness.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "-f", "-c", conf, "-s", p.ctl)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
