@@ -449,22 +449,45 @@ func TestHostileImageLinks(t *testing.T) {
 	}
 }
 
-// TestMountCheckCatchesLeaks: the mount-table comparison every test ends with
-// notices a mount left under the test's directory (so its silence means
-// something).
-func TestMountCheckCatchesLeaks(t *testing.T) {
-	needRoot(t)
-	dir := t.TempDir()
+// TestNoHostMountsLeft: calls that succeed, fail, fail to start and run
+// into their timeout leave no mount on the host (each call mounts in a
+// namespace of its own); the state directory's tmpfs, mounted on the
+// host by design, goes with ReleaseState.
+func TestNoHostMountsLeft(t *testing.T) {
+	e := newEnv(t, Options{})
 	before := mountTable(t)
-	if err := unix.Mount("skein-sandbox", dir, "tmpfs", 0, "size=4k"); err != nil {
+	if !slices.ContainsFunc(before, func(l string) bool { return mountPointIs(l, e.state) }) {
+		t.Fatalf("no tmpfs on the state directory %s before the calls: the check after ReleaseState would prove nothing", e.state)
+	}
+	missing := e.spec(`{}`)
+	missing.Path = "/opt/network/check"
+	hang := e.spec(`{"mode":"hang"}`)
+	hang.Timeout = 300 * time.Millisecond
+	for name, spec := range map[string]Spec{
+		"ok": e.spec(`{"mode":"ok"}`), "crash": e.spec(`{"mode":"crash"}`), "missing executable": missing, "timeout": hang,
+	} {
+		_, err := e.sb.Run(context.Background(), spec)
+		if (name == "ok") != (err == nil) {
+			t.Errorf("call %s: %v", name, err)
+		}
+	}
+	if ours, _ := mountDiff(before, mountTable(t), e.dir); len(ours) > 0 {
+		t.Errorf("the calls changed the host's mount table:\n%s", strings.Join(ours, "\n"))
+	}
+	if err := e.sb.ReleaseState(e.state); err != nil {
 		t.Fatal(err)
 	}
-	after := mountTable(t)
-	unix.Unmount(dir, syscall.MNT_DETACH)
-	ours, _ := mountDiff(before, after, dir)
-	if len(ours) != 1 || !strings.HasPrefix(ours[0], "+") {
-		t.Fatalf("diff = %v, want the one leaked mount", ours)
+	for _, l := range mountTable(t) {
+		if mountPointIs(l, e.state) {
+			t.Errorf("state directory still mounted after ReleaseState: %s", l)
+		}
 	}
+}
+
+// mountPointIs reports whether mountTable line l mounts something on dir.
+func mountPointIs(l, dir string) bool {
+	f := strings.Fields(l)
+	return len(f) > 2 && f[2] == dir
 }
 
 // TestRunnerRealCalls: 20 real sandboxed calls across 5 pods with a cap of
