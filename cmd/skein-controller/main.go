@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/skeinnet/skein/internal/egresscontroller"
+
 	"github.com/skeinnet/skein/internal/kubeclient"
 
 	"github.com/go-logr/logr"
@@ -97,7 +99,7 @@ func newCommand() *cobra.Command {
 		"namespace of the nodes' liveness Leases (skeind's --lease-namespace); empty means the controller's own (in a cluster), else "+controller.DefaultLeaseNamespace)
 	f.DurationVar(&fl.poolStatus, "pool-status-interval", controller.DefaultPoolStatusInterval,
 		"least time between two status writes of one AddressPool (block events are counted together)")
-	f.StringVar(&fl.egressImage, "egress-image", controller.DefaultEgressImage, "image of Egress router pods (runs skein-egress)")
+	f.StringVar(&fl.egressImage, "egress-image", egresscontroller.DefaultImage, "image of Egress router pods (runs skein-egress)")
 	f.Float32Var(&fl.qps, "kube-api-qps", 100, "requests per second to the API server, sustained (client-side limit)")
 	f.IntVar(&fl.burst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
 	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")

@@ -17,13 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skeinnet/skein/internal/egresscontroller"
+
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
-	"github.com/skeinnet/skein/internal/controller"
 	"github.com/skeinnet/skein/internal/egress/router"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
@@ -324,7 +325,7 @@ func lastLine(s string) string {
 // its readiness probe reaches the default --metrics-addr.
 func TestControllerPodAgrees(t *testing.T) {
 	eg := &skeinv1.Egress{ObjectMeta: metav1.ObjectMeta{Namespace: "gw", Name: "nat"}}
-	r := &controller.EgressReconciler{}
+	r := &egresscontroller.Reconciler{}
 	tmpl := r.PodTemplate(eg)
 	ctr := tmpl.Spec.Containers[0]
 	cmd := newCommand()

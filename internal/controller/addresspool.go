@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -20,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/ctrlutil"
 )
 
 // Condition types and reasons of an AddressPool.
@@ -40,10 +40,6 @@ const (
 // DefaultPoolStatusInterval is AddressPoolReconciler.StatusInterval's
 // default.
 const DefaultPoolStatusInterval = 3 * time.Second
-
-// conflictRetry is when an object is looked at again after a write lost
-// a race (the watch usually brings it back sooner).
-const conflictRetry = 100 * time.Millisecond
 
 // AddressPoolReconciler keeps a pool's status (blocks claimed, blocks it
 // can hold, Ready and Exhausted) current as its blocks come and go, and
@@ -85,8 +81,8 @@ func (r *AddressPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&skeinv1.AddressPool{}).
 		Watches(&skeinv1.AddressBlock{}, r.blockEvents()).
 		Named("addresspool").
-		WithOptions(queueOptions()).
-		Complete(countErrors("addresspool", r))
+		WithOptions(ctrlutil.QueueOptions()).
+		Complete(ctrlutil.CountErrors("addresspool", r))
 }
 
 // blockEvents queues a block's pool when its status may next be written,
@@ -161,7 +157,7 @@ func (r *AddressPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	r.note(pool.Name, deleting, time.Time{})
 	if !deleting && controllerutil.AddFinalizer(pool, skeinv1.FinalizerPool) {
 		if err := r.Client.Update(ctx, pool); err != nil {
-			return requeueOnConflict(err, "add finalizer to pool %s", pool.Name)
+			return ctrlutil.RequeueOnConflict(err, "add finalizer to pool %s", pool.Name)
 		}
 	}
 
@@ -192,7 +188,7 @@ func (r *AddressPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	pool.Status = *st
 	if err := r.Client.Status().Update(ctx, pool); err != nil {
-		return requeueOnConflict(err, "update status of pool %s", pool.Name)
+		return ctrlutil.RequeueOnConflict(err, "update status of pool %s", pool.Name)
 	}
 	r.note(pool.Name, deleting, time.Now())
 	poolStatusWrites.Inc()
@@ -246,11 +242,11 @@ func (r *AddressPoolReconciler) release(ctx context.Context, pool *skeinv1.Addre
 		return ctrl.Result{}, fmt.Errorf("list blocks of pool %s: %w", pool.Name, err)
 	}
 	if len(blocks.Items) > 0 {
-		return ctrl.Result{RequeueAfter: conflictRetry}, nil // the watch brings the block soon
+		return ctrl.Result{RequeueAfter: ctrlutil.ConflictRetry}, nil // the watch brings the block soon
 	}
 	if controllerutil.RemoveFinalizer(pool, skeinv1.FinalizerPool) {
 		if err := r.Client.Update(ctx, pool); err != nil {
-			return requeueOnConflict(err, "remove finalizer of pool %s", pool.Name)
+			return ctrlutil.RequeueOnConflict(err, "remove finalizer of pool %s", pool.Name)
 		}
 		log.FromContext(ctx).Info("pool released: no block of it is left", "pool", pool.Name)
 	}
@@ -265,13 +261,4 @@ func (r *AddressPoolReconciler) forget(pool string) {
 	r.mu.Lock()
 	delete(r.pools, pool)
 	r.mu.Unlock()
-}
-
-// requeueOnConflict turns a lost optimistic-concurrency race into a quiet
-// retry and anything else into an error.
-func requeueOnConflict(err error, format string, args ...any) (ctrl.Result, error) {
-	if apierrors.IsConflict(err) {
-		return ctrl.Result{RequeueAfter: conflictRetry}, nil
-	}
-	return ctrl.Result{}, fmt.Errorf(format+": %w", append(args, err)...)
 }

@@ -19,14 +19,15 @@
 //     addresses out of. It also deletes BlockRequests of the retired grant
 //     protocol. It runs on the events of Nodes, blocks and requests, and
 //     in a periodic sweep.
-//   - EgressReconciler runs each Egress as a Deployment of router pods and
-//     a Service, with the routers' ServiceAccount and binding.
 //
-// The AddressPool validating webhook (internal/webhook) serves on every
-// replica; it uses PoolGeometry from here.
+// Egress gateways have a package of their own (internal/egresscontroller);
+// what the reconcilers share (work queue, error counts, conflict requeue)
+// is internal/ctrlutil. The AddressPool validating webhook
+// (internal/webhook) serves on every replica.
 //
-// Setup registers the reconcilers with a manager, where they run only on
-// the leader; their metrics (skein_*) join controller-runtime's registry.
-// Block arithmetic is internal/ipam's Geometry, shared with the embedded
-// store (PoolGeometry builds one from an AddressPool).
+// Setup registers every reconciler of skein-controller (these and the
+// Egress one) with a manager, where they run only on the leader; their
+// metrics (skein_*) join controller-runtime's registry. Block arithmetic
+// is internal/ipam's Geometry, built from an AddressPool by
+// AddressPool.Geometry (api/v1alpha1), as the embedded store does.
 package controller

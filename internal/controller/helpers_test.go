@@ -55,21 +55,10 @@ func startAll(t *testing.T, env *kube.Env, opts Options) {
 	})
 }
 
-// eventually polls cond every 20 ms until it returns "" or 30 s pass,
-// then fails with its last complaint.
+// eventually waits up to 30 s for cond to return "".
 func eventually(t *testing.T, what string, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %s after 30 s", what, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	kube.Eventually(t, 30*time.Second, what, cond)
 }
 
 func newPool(name string, bits int32, subnets ...skeinv1.SubnetSet) *skeinv1.AddressPool {

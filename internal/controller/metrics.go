@@ -1,12 +1,8 @@
 package controller
 
 import (
-	"context"
-
 	"github.com/prometheus/client_golang/prometheus"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // The controller's own metrics, served with controller-runtime's (work
@@ -21,10 +17,6 @@ var (
 		Name: "skein_pool_blocks_total",
 		Help: "Blocks the pool can hold.",
 	}, []string{"pool"})
-	reconcileErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "skein_reconcile_errors_total",
-		Help: "Reconciles of skein's controllers that returned an error.",
-	}, []string{"controller"})
 	gcDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "skein_gc_deleted_total",
 		Help: "Objects removed by the node garbage collector, by kind (AddressBlock, BlockRequest, Lease).",
@@ -40,18 +32,6 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(poolBlocksAllocated, poolBlocksTotal, reconcileErrors, gcDeleted, gcDeferred,
+	metrics.Registry.MustRegister(poolBlocksAllocated, poolBlocksTotal, gcDeleted, gcDeferred,
 		poolStatusWrites)
-}
-
-// countErrors wraps r so that its errors count in skein_reconcile_errors_total.
-func countErrors(name string, r reconcile.Reconciler) reconcile.Reconciler {
-	c := reconcileErrors.WithLabelValues(name)
-	return reconcile.Func(func(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-		res, err := r.Reconcile(ctx, req)
-		if err != nil {
-			c.Inc()
-		}
-		return res, err
-	})
 }

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/ctrlutil"
 )
 
 // Defaults of NodeGCReconciler's settings.
@@ -138,8 +139,8 @@ func (r *NodeGCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		})).
 		WatchesRawSource(source.Channel(r.sweeps, byName)).
 		Named("nodegc").
-		WithOptions(queueOptions()).
-		Complete(countErrors("nodegc", r))
+		WithOptions(ctrlutil.QueueOptions()).
+		Complete(ctrlutil.CountErrors("nodegc", r))
 	if err != nil {
 		return err
 	}

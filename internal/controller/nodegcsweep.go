@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/ctrlutil"
 )
 
 // sweepEvery hands, each Interval, every node that a block, a request or
@@ -32,7 +33,7 @@ func (r *NodeGCReconciler) sweepEvery(ctx context.Context) error {
 		}
 		nodes, err := r.nodesNamed(ctx)
 		if err != nil {
-			reconcileErrors.WithLabelValues("nodegc-sweep").Inc()
+			ctrlutil.ReconcileErrors("nodegc-sweep").Inc()
 			log.FromContext(ctx).Error(err, "sweep for objects of nodes gone for good")
 		}
 		for _, n := range nodes {

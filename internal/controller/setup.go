@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/skeinnet/skein/internal/egresscontroller"
+
 	ctrl "sigs.k8s.io/controller-runtime"
 )
 
@@ -25,7 +27,7 @@ type Options struct {
 	// one pool; zero means DefaultPoolStatusInterval.
 	PoolStatusInterval time.Duration
 	// EgressImage is the image of Egress router pods; "" means
-	// DefaultEgressImage.
+	// egresscontroller.DefaultImage.
 	EgressImage string
 }
 
@@ -39,7 +41,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the AddressPool reconciler: %w", err)
 	}
-	eg := &EgressReconciler{
+	eg := &egresscontroller.Reconciler{
 		Client: mgr.GetClient(), Reader: reader, Scheme: mgr.GetScheme(),
 		Recorder: mgr.GetEventRecorder("skein-controller"), Image: opts.EgressImage,
 	}

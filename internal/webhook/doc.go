@@ -7,7 +7,7 @@
 // changes, no pool overlaps another, every subnet holds a block and the
 // two subnets of a dual-stack entry are the same size so they pair up
 // block for block. Block arithmetic is internal/ipam's Geometry, reached
-// through controller.PoolGeometry.
+// through AddressPool.Geometry (api/v1alpha1).
 //
 // The certificates (certs.go) live in one Secret that every replica
 // shares; rotator.go keeps it current, patches its CA bundle into the

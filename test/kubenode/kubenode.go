@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/test/harness"
+	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/skeintest"
 )
 
@@ -82,17 +83,7 @@ func SampleErr(metricsURL, series string) (string, error) {
 // the last thing it saw.
 func Eventually(t testing.TB, within time.Duration, what string, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %s after %v", what, msg, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	kube.Eventually(t, within, what, cond)
 }
 
 // Controller is a running skein-controller binary.

@@ -16,7 +16,7 @@ import (
 )
 
 // A router's account may read the pods of the namespaces its Egress
-// serves and no others (internal/controller grants it so): a cluster-wide
+// serves and no others (internal/egresscontroller grants it so): a cluster-wide
 // pod informer would be refused. So the agent runs one pod informer per
 // served namespace, or a single one over all namespaces when the Egress
 // serves "*", and changes the set as spec.clientNamespaces does: new

@@ -1,4 +1,4 @@
-package controller
+package egresscontroller
 
 import (
 	"context"
@@ -83,7 +83,7 @@ func templateViolations(eg *skeinv1.Egress, image string) []string {
 // nothing templateViolations refuses, or its namespace carries
 // AnnotationAllowCustomEgressPods "true". Otherwise an error naming what
 // was refused and how an administrator allows it.
-func (r *EgressReconciler) templateAllowed(ctx context.Context, eg *skeinv1.Egress, image string) error {
+func (r *Reconciler) templateAllowed(ctx context.Context, eg *skeinv1.Egress, image string) error {
 	v := templateViolations(eg, image)
 	if len(v) == 0 {
 		return nil

@@ -1,4 +1,4 @@
-package controller
+package egresscontroller
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/ctrlutil"
 )
 
 // The router pods' identity. Every Egress of a namespace runs its routers
@@ -83,7 +84,7 @@ type egressAccess struct {
 	everywhere map[string]bool
 }
 
-func (r *EgressReconciler) access(ctx context.Context) (egressAccess, error) {
+func (r *Reconciler) access(ctx context.Context) (egressAccess, error) {
 	var all skeinv1.EgressList
 	if err := r.Client.List(ctx, &all); err != nil {
 		return egressAccess{}, fmt.Errorf("list egresses: %w", err)
@@ -112,7 +113,7 @@ func (r *EgressReconciler) access(ctx context.Context) (egressAccess, error) {
 // syncAccess makes the router account of namespace ns and its grants
 // match the live Egresses there, and the ClusterRoleBinding match the
 // namespaces with an Egress serving every namespace.
-func (r *EgressReconciler) syncAccess(ctx context.Context, ns string) error {
+func (r *Reconciler) syncAccess(ctx context.Context, ns string) error {
 	a, err := r.access(ctx)
 	if err != nil {
 		return err
@@ -144,14 +145,14 @@ func (r *EgressReconciler) syncAccess(ctx context.Context, ns string) error {
 // event, and nothing else would take its grants away (the account there
 // is gone with its owners, but one made again under that name would
 // inherit them). Errors are retried with backoff until ctx ends.
-func (r *EgressReconciler) syncBindingAtStart(ctx context.Context) error {
+func (r *Reconciler) syncBindingAtStart(ctx context.Context) error {
 	wait := 100 * time.Millisecond
 	for {
 		err := r.syncAllBindings(ctx)
 		if err == nil {
 			return nil
 		}
-		reconcileErrors.WithLabelValues("egress-binding").Inc()
+		ctrlutil.ReconcileErrors("egress-binding").Inc()
 		log.FromContext(ctx).Error(err, "sync the egress routers' bindings at start; retrying", "in", wait)
 		select {
 		case <-ctx.Done():
@@ -165,7 +166,7 @@ func (r *EgressReconciler) syncBindingAtStart(ctx context.Context) error {
 // syncAllBindings makes the ClusterRoleBinding list the namespaces
 // holding a live Egress that serves every namespace, and removes the pod
 // RoleBindings no live Egress needs.
-func (r *EgressReconciler) syncAllBindings(ctx context.Context) error {
+func (r *Reconciler) syncAllBindings(ctx context.Context) error {
 	a, err := r.access(ctx)
 	if err != nil {
 		return err
@@ -187,14 +188,14 @@ func (r *EgressReconciler) syncAllBindings(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (r *EgressReconciler) reader() client.Reader {
+func (r *Reconciler) reader() client.Reader {
 	if r.Reader != nil {
 		return r.Reader
 	}
 	return r.Client
 }
 
-func (r *EgressReconciler) syncServiceAccount(ctx context.Context, ns string, egs []skeinv1.Egress) error {
+func (r *Reconciler) syncServiceAccount(ctx context.Context, ns string, egs []skeinv1.Egress) error {
 	sa := &corev1.ServiceAccount{}
 	err := r.reader().Get(ctx, client.ObjectKey{Namespace: ns, Name: EgressServiceAccount}, sa)
 	switch {
@@ -236,7 +237,7 @@ func (r *EgressReconciler) syncServiceAccount(ctx context.Context, ns string, eg
 	return nil
 }
 
-func (r *EgressReconciler) syncBinding(ctx context.Context, namespaces map[string]bool) error {
+func (r *Reconciler) syncBinding(ctx context.Context, namespaces map[string]bool) error {
 	var subjects []rbacv1.Subject
 	for ns := range namespaces {
 		subjects = append(subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: EgressServiceAccount, Namespace: ns})
@@ -298,7 +299,7 @@ func routerSubject(ns string) []rbacv1.Subject {
 // syncEgressRole lets the router account of ns read the Egresses of ns
 // by name (the Role EgressRBACName and its RoleBinding), or removes both
 // when egs is empty.
-func (r *EgressReconciler) syncEgressRole(ctx context.Context, ns string, egs []skeinv1.Egress) error {
+func (r *Reconciler) syncEgressRole(ctx context.Context, ns string, egs []skeinv1.Egress) error {
 	role := &rbacv1.Role{}
 	err := r.reader().Get(ctx, client.ObjectKey{Namespace: ns, Name: EgressRBACName}, role)
 	switch {
@@ -366,7 +367,7 @@ func (r *EgressReconciler) syncEgressRole(ctx context.Context, ns string, egs []
 // writeBinding makes the RoleBinding want, given what is there (have;
 // nil: none). One of another's is left alone; one of ours with another
 // role (which cannot be changed) is made again.
-func (r *EgressReconciler) writeBinding(ctx context.Context, have, want *rbacv1.RoleBinding) error {
+func (r *Reconciler) writeBinding(ctx context.Context, have, want *rbacv1.RoleBinding) error {
 	id := want.Namespace + "/" + want.Name
 	if have != nil && !managedByUs(have) {
 		return nil
@@ -400,7 +401,7 @@ func (r *EgressReconciler) writeBinding(ctx context.Context, have, want *rbacv1.
 	return nil
 }
 
-func (r *EgressReconciler) deleteBinding(ctx context.Context, rb *rbacv1.RoleBinding) error {
+func (r *Reconciler) deleteBinding(ctx context.Context, rb *rbacv1.RoleBinding) error {
 	err := r.Client.Delete(ctx, rb, client.Preconditions{UID: &rb.UID, ResourceVersion: &rb.ResourceVersion})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete RoleBinding %s/%s: %w", rb.Namespace, rb.Name, err)
@@ -411,7 +412,7 @@ func (r *EgressReconciler) deleteBinding(ctx context.Context, rb *rbacv1.RoleBin
 // syncPodBindings lets the router account of ns read the pods of exactly
 // the namespaces in serves: a RoleBinding to the ClusterRole
 // EgressRBACName in each, and none elsewhere.
-func (r *EgressReconciler) syncPodBindings(ctx context.Context, ns string, serves map[string]bool) error {
+func (r *Reconciler) syncPodBindings(ctx context.Context, ns string, serves map[string]bool) error {
 	var list rbacv1.RoleBindingList
 	if err := r.reader().List(ctx, &list, client.MatchingLabels(mergeLabels(map[string]string{LabelEgressAccount: ns}, egressManagedBy))); err != nil {
 		return fmt.Errorf("list the pod RoleBindings of the router account of %s: %w", ns, err)
@@ -526,6 +527,6 @@ func egressReadiness() *corev1.Probe {
 
 // PodTemplate is the router pod template the controller writes for eg
 // (for skein-egress's test that its command line agrees).
-func (r *EgressReconciler) PodTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
+func (r *Reconciler) PodTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
 	return r.podTemplate(eg)
 }

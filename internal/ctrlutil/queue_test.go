@@ -1,4 +1,4 @@
-package controller
+package ctrlutil
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ import (
 // manager miss its 30 s grace period at shutdown.
 func TestQueueShutdown(t *testing.T) {
 	for round := range 40 {
-		q := queueOptions().NewQueue(fmt.Sprintf("shutdown-%d", round),
+		q := QueueOptions().NewQueue(fmt.Sprintf("shutdown-%d", round),
 			workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 		var wg sync.WaitGroup
 		for range 8 {
@@ -55,7 +55,7 @@ func TestQueueShutdown(t *testing.T) {
 // and stops (client-go's queue would have its workers work through the
 // backlog first, with a cancelled context).
 func TestQueueUndrained(t *testing.T) {
-	q := queueOptions().NewQueue("undrained", workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	q := QueueOptions().NewQueue("undrained", workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	for i := range 1000 {
 		q.Add(reconcile.Request{NamespacedName: client.ObjectKey{Name: fmt.Sprint(i)}})
 	}

@@ -1,4 +1,4 @@
-package controller
+package ctrlutil
 
 import (
 	"k8s.io/client-go/util/workqueue"
@@ -7,7 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-// queueOptions are the controller options every reconciler here is built
+// QueueOptions are the controller options every reconciler here is built
 // with: client-go's rate-limited work queue (newQueue) instead of
 // controller-runtime's priority queue, its default.
 //
@@ -25,7 +25,7 @@ import (
 // manager with a test controller of four workers, stopped in a stream of
 // events: 1 stop in 25 ran into the grace period with the priority queue;
 // with this queue, 50 of 50 took under 5 ms.)
-func queueOptions() controller.Options {
+func QueueOptions() controller.Options {
 	return controller.Options{UsePriorityQueue: ptr.To(false), NewQueue: newQueue}
 }
 

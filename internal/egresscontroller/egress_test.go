@@ -1,4 +1,4 @@
-package controller
+package egresscontroller
 
 import (
 	"context"
@@ -284,8 +284,8 @@ func TestEgressTemplateRollsOut(t *testing.T) {
 		}
 		return ""
 	})
-	if got := first.Spec.Template.Spec.Containers[0].Image; got != DefaultEgressImage {
-		t.Errorf("router image %q, want the default %q", got, DefaultEgressImage)
+	if got := first.Spec.Template.Spec.Containers[0].Image; got != DefaultImage {
+		t.Errorf("router image %q, want the default %q", got, DefaultImage)
 	}
 	svc := &corev1.Service{}
 	eventually(t, "service timeout", func() string {

@@ -1,4 +1,4 @@
-package controller
+package egresscontroller
 
 import (
 	"context"
@@ -27,11 +27,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/ctrlutil"
 )
 
-// DefaultEgressImage is Options.EgressImage's default: the image of the
+// DefaultImage is Options.EgressImage's default: the image of the
 // skein manifests, which holds skein-egress.
-const DefaultEgressImage = "skein:dev"
+const DefaultImage = "skein:dev"
 
 // Event reasons of an Egress.
 const (
@@ -40,11 +41,11 @@ const (
 	ReasonEgressAccessFailed     = "AccessFailed"
 )
 
-// EgressReconciler runs each Egress as a Deployment of router pods and a
+// Reconciler runs each Egress as a Deployment of router pods and a
 // UDP Service in front of them, both named after the Egress and owned by
 // it, and reports the Deployment's replicas and pod selector in the
 // Egress's status (what the scale subresource reads).
-type EgressReconciler struct {
+type Reconciler struct {
 	Client client.Client
 	// Reader reads what the controller does not cache (the router pods'
 	// ServiceAccount and ClusterRoleBinding, so that it needs no list or
@@ -53,7 +54,7 @@ type EgressReconciler struct {
 	Scheme *runtime.Scheme
 	// Recorder reports errors as events on the Egress; nil records none.
 	Recorder events.EventRecorder
-	// Image of the router pods; "" means DefaultEgressImage.
+	// Image of the router pods; "" means DefaultImage.
 	Image string
 }
 
@@ -61,7 +62,7 @@ type EgressReconciler struct {
 // Egress and for every change of a Deployment or Service it owns; and,
 // once mgr leads, the routers' binding is synced with the Egresses there
 // are.
-func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&skeinv1.Egress{}).
 		Owns(&appsv1.Deployment{}).
@@ -70,8 +71,8 @@ func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// away: its Egresses are checked again.
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.egressesOfNamespace)).
 		Named("egress").
-		WithOptions(queueOptions()).
-		Complete(countErrors("egress", r))
+		WithOptions(ctrlutil.QueueOptions()).
+		Complete(ctrlutil.CountErrors("egress", r))
 	if err != nil {
 		return err
 	}
@@ -81,7 +82,7 @@ func (r *EgressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // egressesOfNamespace lists the Egresses of namespace obj, and those that
 // serve it (spec.clientNamespaces names it): a client namespace made
 // after its Egress gets the routers' pod RoleBinding then.
-func (r *EgressReconciler) egressesOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+func (r *Reconciler) egressesOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
 	var list skeinv1.EgressList
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil
@@ -107,7 +108,7 @@ func EgressSelector(eg *skeinv1.Egress) map[string]string {
 
 // Reconcile brings one Egress's Deployment, Service and status in step
 // with its spec.
-func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	eg := &skeinv1.Egress{}
 	if err := r.Client.Get(ctx, req.NamespacedName, eg); err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -146,7 +147,7 @@ func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		// either reconciles again.
 		r.event(eg, ReasonEgressTemplateRefused, "%v", err)
 		if err := errors.Join(errs...); err != nil {
-			return requeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
+			return ctrlutil.RequeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
 		}
 		return ctrl.Result{}, nil
 	}
@@ -157,7 +158,7 @@ func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		errs = append(errs, fmt.Errorf("write Deployment: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return requeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
+		return ctrlutil.RequeueOnConflict(err, "reconcile egress %s/%s", eg.Namespace, eg.Name)
 	}
 
 	st := skeinv1.EgressStatus{
@@ -168,13 +169,13 @@ func (r *EgressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if !equality.Semantic.DeepEqual(st, eg.Status) {
 		eg.Status = st
 		if err := r.Client.Status().Update(ctx, eg); err != nil {
-			return requeueOnConflict(err, "update status of egress %s/%s", eg.Namespace, eg.Name)
+			return ctrlutil.RequeueOnConflict(err, "update status of egress %s/%s", eg.Namespace, eg.Name)
 		}
 	}
 	return ctrl.Result{}, nil
 }
 
-func (r *EgressReconciler) event(eg *skeinv1.Egress, reason, format string, args ...any) {
+func (r *Reconciler) event(eg *skeinv1.Egress, reason, format string, args ...any) {
 	if r.Recorder != nil {
 		r.Recorder.Eventf(eg, nil, corev1.EventTypeWarning, reason, "Reconcile", format, args...)
 	}
@@ -182,7 +183,7 @@ func (r *EgressReconciler) event(eg *skeinv1.Egress, reason, format string, args
 
 // mutateDeployment makes dep what eg asks for, keeping what the API
 // server filled in where eg says nothing.
-func (r *EgressReconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Deployment) error {
+func (r *Reconciler) mutateDeployment(eg *skeinv1.Egress, dep *appsv1.Deployment) error {
 	sel := EgressSelector(eg)
 	dep.Labels = mergeLabels(dep.Labels, sel)
 	if dep.Spec.Selector == nil { // immutable once made
@@ -228,7 +229,7 @@ func defaultStrategy() appsv1.DeploymentStrategy {
 
 // podTemplate is the router pod template of eg: the defaults, with
 // spec.template's overrides merged in.
-func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
+func (r *Reconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpec {
 	image := r.image()
 	var over skeinv1.EgressPodTemplate
 	if eg.Spec.Template != nil {
@@ -289,17 +290,17 @@ func (r *EgressReconciler) podTemplate(eg *skeinv1.Egress) corev1.PodTemplateSpe
 	return t
 }
 
-// image is the routers' image: --egress-image, or DefaultEgressImage.
-func (r *EgressReconciler) image() string {
+// image is the routers' image: --egress-image, or DefaultImage.
+func (r *Reconciler) image() string {
 	if r.Image == "" {
-		return DefaultEgressImage
+		return DefaultImage
 	}
 	return r.Image
 }
 
 // mutateService makes svc the UDP front of eg's routers; the API server
 // keeps its ClusterIPs.
-func (r *EgressReconciler) mutateService(eg *skeinv1.Egress, svc *corev1.Service) error {
+func (r *Reconciler) mutateService(eg *skeinv1.Egress, svc *corev1.Service) error {
 	svc.Labels = mergeLabels(svc.Labels, EgressSelector(eg))
 	svc.Spec.Selector = EgressSelector(eg)
 	svc.Spec.Type = corev1.ServiceTypeClusterIP
