@@ -104,3 +104,14 @@ func PrevAddrs(c *NetConf, ifName string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// HasSandboxInterface reports whether r names an interface called name
+// inside a sandbox (a pod's side, not the host's).
+func HasSandboxInterface(r *current.Result, name string) bool {
+	for _, i := range r.Interfaces {
+		if i.Name == name && i.Sandbox != "" {
+			return true
+		}
+	}
+	return false
+}

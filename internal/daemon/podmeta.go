@@ -200,7 +200,7 @@ func mergeResults(atts []kurma.AttachmentRecord, netns string) (*current.Result,
 		base := len(out.Interfaces)
 		out.Interfaces = append(out.Interfaces, r.Interfaces...)
 		// A network whose result names no interface still has one.
-		if a.IfName != "" && !hasIf(r, a.IfName) {
+		if a.IfName != "" && !cni.HasSandboxInterface(r, a.IfName) {
 			out.Interfaces = append(out.Interfaces, &current.Interface{Name: a.IfName, Sandbox: netns})
 		}
 		for _, ip := range r.IPs {
@@ -216,13 +216,4 @@ func mergeResults(atts []kurma.AttachmentRecord, netns string) (*current.Result,
 		}
 	}
 	return out, nil
-}
-
-func hasIf(r *current.Result, name string) bool {
-	for _, i := range r.Interfaces {
-		if i.Name == name && i.Sandbox != "" {
-			return true
-		}
-	}
-	return false
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/types/create"
+	"github.com/skeinnet/skein/internal/cni"
 )
 
 // ResultVersion is the CNI version results are kept and reported in.
@@ -70,7 +71,7 @@ func convert(out []byte, ver, ifname, netns string) (*current.Result, error) {
 		return nil, fmt.Errorf("convert plugin result: unexpected type %T", r2)
 	}
 	res.CNIVersion = ResultVersion
-	if ifname != "" && !hasSandboxIf(res, ifname) {
+	if ifname != "" && !cni.HasSandboxInterface(res, ifname) {
 		res.Interfaces = append(res.Interfaces, &current.Interface{Name: ifname, Sandbox: netns})
 		idx := len(res.Interfaces) - 1
 		for _, ip := range res.IPs {
@@ -80,15 +81,6 @@ func convert(out []byte, ver, ifname, netns string) (*current.Result, error) {
 		}
 	}
 	return res, nil
-}
-
-func hasSandboxIf(r *current.Result, ifname string) bool {
-	for _, i := range r.Interfaces {
-		if i.Name == ifname && i.Sandbox != "" {
-			return true
-		}
-	}
-	return false
 }
 
 func head(b []byte, n int) string {

@@ -16,25 +16,11 @@ import (
 // This file is the pure part: which Egresses a pod names, and the gateway
 // an Egress and its Service make.
 
-// Wanted lists the Egresses a pod's annotations name, sorted by
-// namespace/name, without repeats: egress.skein.dev/<namespace> holds a
-// comma-separated list of names in <namespace>; spaces around names and
-// empty items are ignored.
+// Wanted lists the Egresses a pod's annotations name
+// (skeinv1.WantedEgresses: the one parser of the annotation, which the
+// router pods use too).
 func Wanted(annotations map[string]string) []types.NamespacedName {
-	var out []types.NamespacedName
-	for k, v := range annotations {
-		ns, ok := strings.CutPrefix(k, skeinv1.AnnotationEgressPrefix)
-		if !ok || ns == "" {
-			continue
-		}
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				out = append(out, types.NamespacedName{Namespace: ns, Name: name})
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
-	return slices.Compact(out)
+	return skeinv1.WantedEgresses(annotations)
 }
 
 // HasEgress reports whether the annotations name any Egress.

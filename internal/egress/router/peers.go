@@ -8,23 +8,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 )
 
-// Uses reports whether pod's annotation egress.skein.dev/<namespace>
-// lists name (comma separated, spaces around names ignored).
+// Uses reports whether pod's annotations name Egress namespace/name
+// (skeinv1.WantedEgresses, the parser skeind's client side uses too).
 func Uses(pod *corev1.Pod, namespace, name string) bool {
-	v, ok := pod.Annotations[skeinv1.AnnotationEgressPrefix+namespace]
-	if !ok {
-		return false
-	}
-	for _, n := range strings.Split(v, ",") {
-		if strings.TrimSpace(n) == name {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(skeinv1.WantedEgresses(pod.Annotations), types.NamespacedName{Namespace: namespace, Name: name})
 }
 
 // ClientAddrs returns the addresses to tunnel to for pod, sorted, or nil
