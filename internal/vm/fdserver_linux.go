@@ -120,7 +120,14 @@ func (s *fdServer) answer(c *net.UnixConn) {
 		}
 		rights = unix.UnixRights(fds...)
 	}
-	if _, _, err := c.WriteMsgUnix(b, rights, nil); err != nil {
+	_, _, err = c.WriteMsgUnix(b, rights, nil)
+	// skeind's copies go at once: the launcher has its own now, and a tap
+	// stays busy while any descriptor of it is open.
+	for _, f := range files {
+		f.Close()
+	}
+	files = nil
+	if err != nil {
 		s.log.Warn("vm socket: send response", "peer", peer, "err", err)
 		return
 	}

@@ -185,6 +185,9 @@ func settle(t testing.TB, ns *NS, h *netlink.Handle) {
 func settled(t testing.TB, ns *NS, h *netlink.Handle) bool {
 	t.Helper()
 	links, err := h.LinkList()
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return false // raced a change: the namespace is not settled
+	}
 	if err != nil {
 		t.Fatalf("snapshot: links: %v", err)
 	}
@@ -194,6 +197,9 @@ func settled(t testing.TB, ns *NS, h *netlink.Handle) bool {
 			l.Attrs().RawFlags&unix.IFF_UP != 0
 	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return false // raced a change: the namespace is not settled
+	}
 	if err != nil {
 		t.Fatalf("snapshot: addrs: %v", err)
 	}
@@ -206,6 +212,9 @@ func settled(t testing.TB, ns *NS, h *netlink.Handle) bool {
 		}
 	}
 	local, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return false // raced a change: the namespace is not settled
+	}
 	if err != nil {
 		t.Fatalf("snapshot: local routes: %v", err)
 	}

@@ -64,21 +64,6 @@ echo SKEIN-VM-READY
 while :; do sleep 3600; done
 `
 
-const vmUdhcpcScript = `#!/bin/sh
-case "$1" in
-deconfig) ip -4 addr flush dev "$interface" ;;
-bound|renew)
-	ip addr add "$ip/$mask" dev "$interface"
-	[ -n "$mtu" ] && ip link set dev "$interface" mtu "$mtu"
-	set -- $staticroutes
-	while [ $# -ge 2 ]; do
-		if [ "$2" = 0.0.0.0 ]; then ip route add "$1" dev "$interface"; else ip route add "$1" via "$2" dev "$interface"; fi
-		shift 2
-	done ;;
-esac
-exit 0
-`
-
 // VMPrerequisites returns why a VM pod cannot run here, "" if it can.
 func VMPrerequisites() string {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
@@ -226,7 +211,7 @@ func vmInitramfs(t testing.TB, k *guest.Kernel, out, moduleRoot string) {
 	if err := os.WriteFile(filepath.Join(root, "init"), []byte(fmt.Sprintf(vmGuestInit, strings.Join(names, " "))), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(vmUdhcpcScript), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(guest.UdhcpcScript), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	var cpio bytes.Buffer

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skeinnet/skein/test/guest"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -46,21 +47,6 @@ ip -4 route | sed 's/^/SKEIN-VM route /'
 echo "SKEIN-VM mtu $(cat /sys/class/net/eth0/mtu)"
 if ping -c 3 -W 3 %s; then echo SKEIN-VM-PING-OK; else echo SKEIN-VM-PING-FAIL; fi
 poweroff -f
-`
-
-const guestScript = `#!/bin/sh
-case "$1" in
-deconfig) ip -4 addr flush dev "$interface" ;;
-bound|renew)
-	ip addr add "$ip/$mask" dev "$interface"
-	[ -n "$mtu" ] && ip link set dev "$interface" mtu "$mtu"
-	set -- $staticroutes
-	while [ $# -ge 2 ]; do
-		if [ "$2" = 0.0.0.0 ]; then ip route add "$1" dev "$interface"; else ip route add "$1" via "$2" dev "$interface"; fi
-		shift 2
-	done ;;
-esac
-exit 0
 `
 
 // guestFiles finds the cached kernel and the virtio modules, or skips.
@@ -115,7 +101,7 @@ func initramfs(t *testing.T, modules map[string]string, target string) string {
 	if err := os.WriteFile(filepath.Join(root, "init"), []byte(fmt.Sprintf(guestInit, strings.Join(virtioModules, " "), target)), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(guestScript), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(guest.UdhcpcScript), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "initrd.gz")
