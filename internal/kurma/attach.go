@@ -191,7 +191,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	// which plugins must accept as CNI's DEL does). On a failure the adds
 	// of this call are deleted again in reverse.
 	base := len(rec.Attachments)
-	var todo []int // plan indexes recorded in the intent
+	var intended []int // plan indexes recorded in the intent
 	for i, p := range plan {
 		if unready[i] != nil {
 			m.log.Warn("optional pod network skipped", "pod", req.ID, "network", p.net.Name, "err", unready[i])
@@ -206,9 +206,9 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 			a.Image, a.Digest, a.Insecure = p.net.Image, s.img.Digest, p.net.Ref.Insecure
 		}
 		rec.Attachments = append(rec.Attachments, a)
-		todo = append(todo, i)
+		intended = append(intended, i)
 	}
-	if len(todo) == 0 {
+	if len(intended) == 0 {
 		res.Pod = rec
 		return res, nil
 	}
@@ -217,9 +217,9 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	}
 	bg := context.WithoutCancel(ctx)
 	// outcome[j]: nil added; else why not (the entry is then deleted).
-	added := make([]bool, len(todo))
+	added := make([]bool, len(intended))
 	var failure error
-	for j, i := range todo {
+	for j, i := range intended {
 		p, idx := plan[i], base+j
 		err := m.addOne(ctx, &rec, idx, states[i])
 		if err == nil {
@@ -234,7 +234,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 			continue
 		}
 		failure = fmt.Errorf("attach pod %s to network %q: %w", req.ID, p.net.Name, err)
-		for k := j + 1; k < len(todo); k++ {
+		for k := j + 1; k < len(intended); k++ {
 			m.dropEntry(bg, &rec, base+k, false) // never ran: nothing to del
 		}
 		for k := j - 1; k >= 0; k-- {
@@ -246,7 +246,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	}
 	if failure == nil {
 		var attached []AttachmentRecord
-		for j := range todo {
+		for j := range intended {
 			if added[j] {
 				attached = append(attached, rec.Attachments[base+j])
 			}

@@ -121,8 +121,9 @@ func (s *fdServer) answer(c *net.UnixConn) {
 		rights = unix.UnixRights(fds...)
 	}
 	_, _, err = c.WriteMsgUnix(b, rights, nil)
-	// skeind's copies go at once: the launcher has its own now, and a tap
-	// stays busy while any descriptor of it is open.
+	// skeind's copies go before the connection closes (serve closes it
+	// when answer returns): the launcher waits for that, so it holds the
+	// taps alone, and a tap takes one holder.
 	for _, f := range files {
 		f.Close()
 	}

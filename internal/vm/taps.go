@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -77,7 +76,7 @@ func (s *Service) openTaps(req handover.Request, ns *os.File) ([]handover.Interf
 			continue
 		}
 		for _, p := range r.Ports {
-			f, err := openTapWait(r.NetNS, p.Tap)
+			f, err := OpenTap(r.NetNS, p.Tap)
 			if err != nil {
 				return fail(fmt.Errorf("open tap %s of %s: %w", p.Tap, r.Key, err))
 			}
@@ -121,23 +120,4 @@ func netnsID(f *os.File) ([2]uint64, error) {
 		return [2]uint64{}, fmt.Errorf("the descriptor sent: %w", err)
 	}
 	return [2]uint64{st.Dev, st.Ino}, nil
-}
-
-// tapBusyWait is how long a hand-over waits for a tap another holder is
-// letting go of: a launcher started right after the last one exited, or
-// right after the previous hand-over (whose copy skeind closes once it is
-// sent), finds it attached for that moment.
-const tapBusyWait = 500 * time.Millisecond
-
-// openTapWait is OpenTap, retried while the tap is busy for up to
-// tapBusyWait.
-func openTapWait(nsPath, name string) (*os.File, error) {
-	deadline := time.Now().Add(tapBusyWait)
-	for {
-		f, err := OpenTap(nsPath, name)
-		if !errors.Is(err, ErrTapBusy) || time.Now().After(deadline) {
-			return f, err
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -7,7 +7,8 @@
 // the container and proving it may have its taps with the container's
 // token. skeind answers with one Response whose ancillary data carries one
 // open tap file descriptor per interface (SCM_RIGHTS), in the order of
-// Response.Interfaces.
+// Response.Interfaces, and closes the connection once its own copies of
+// the taps are closed (Fetch waits for that).
 //
 // The token is per container: HMAC-SHA256 of the container ID under a
 // secret only skeind knows, hex-encoded. skeind writes it, at the first
@@ -31,6 +32,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -148,6 +150,13 @@ func fetch(socket string, r Request, rights []byte, timeout time.Duration) ([]In
 	if len(files) != len(resp.Interfaces) {
 		closeAll(files)
 		return nil, nil, fmt.Errorf("skeind sent %d descriptors for %d interfaces", len(files), len(resp.Interfaces))
+	}
+	// skeind closes the connection once it has closed its own copies of
+	// the taps: wait for that, so that the taps are the caller's alone
+	// (a tap takes one holder) when Fetch returns.
+	if n, err := uc.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
+		closeAll(files)
+		return nil, nil, fmt.Errorf("skeind did not end the hand-over (read %d bytes, %v)", n, err)
 	}
 	return resp.Interfaces, files, nil
 }
