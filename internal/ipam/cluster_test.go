@@ -120,49 +120,69 @@ func blocksOf(t *testing.T, st store.Store, node string) []uint32 {
 	return out
 }
 
-// Claims start at an offset seeded by the node's name; an index another
-// node holds is skipped without being asked for (it is in ListBlocks),
-// and one taken behind the cache's back is asked for once, then skipped.
+// Claims follow the node's probing order; an index another node holds is
+// skipped without being asked for (it is in ListBlocks), and one taken
+// behind the cache's back is asked for once, then skipped.
 func TestClusterClaimSpreadsAndSkipsTaken(t *testing.T) {
 	m, c := clusterSetup(t, []string{"10.0.0.0/24"}, 2) // 64 blocks of 4
-	start := seed("n1", 64)
-	if _, err := c.Bolt.ClaimBlock(context.Background(), "p", "n2", 64, &start, nil); err != nil {
+	pr := newProber("n1", 64)
+	first, _ := pr.next([]indexRange{{0, 64}}, nil)
+	second, _ := pr.next([]indexRange{{0, 64}}, nil)
+	if _, err := c.Bolt.ClaimBlock(context.Background(), "p", "n2", 64, &first, nil); err != nil {
 		t.Fatal(err)
 	}
 	got := mustAllocate(t, m, Request{Pool: "p"})
 	bi, _, _ := m.pools["p"].geo.Locate(got[0])
-	if bi != (start+1)%64 {
-		t.Fatalf("first block %d, want %d (seed %d, taken by n2)", bi, (start+1)%64, start)
+	if bi != second {
+		t.Fatalf("first block %d, want %d (the walk's second: its first, %d, is n2's)", bi, second, first)
 	}
-	if slices.Contains(c.claims, start) {
-		t.Fatalf("asked for block %d, which the store listed as n2's", start)
+	if slices.Contains(c.claims, first) {
+		t.Fatalf("asked for block %d, which the store listed as n2's", first)
 	}
 }
 
-// nextFree wraps, honours ranges and skips taken indices.
-func TestNextFree(t *testing.T) {
+// A node's walk meets every index of the pool exactly once, whatever the
+// pool's size, and honours ranges and taken indices.
+func TestProber(t *testing.T) {
+	for _, n := range []uint32{1, 2, 3, 64, 96, 100, 16384} {
+		for _, node := range []string{"n1", "node-0417", "x"} {
+			pr := newProber(node, n)
+			seen := map[uint32]bool{}
+			for {
+				i, ok := pr.next([]indexRange{{0, n}}, nil)
+				if !ok {
+					break
+				}
+				if i >= n || seen[i] {
+					t.Fatalf("n=%d node %s: index %d out of range or met twice", n, node, i)
+				}
+				seen[i] = true
+			}
+			if len(seen) != int(n) {
+				t.Fatalf("n=%d node %s: the walk met %d indices", n, node, len(seen))
+			}
+		}
+	}
 	ranges := []indexRange{{2, 5}, {8, 10}}
-	for _, tc := range []struct {
-		taken []uint32
-		from  uint32
-		want  uint32
-		ok    bool
-	}{
-		{nil, 0, 2, true},
-		{nil, 6, 8, true},
-		{nil, 10, 2, true},
-		{[]uint32{8, 9}, 6, 2, true},
-		{[]uint32{2, 3, 4, 8, 9}, 0, 0, false},
-		{[]uint32{4}, 4, 8, true},
-	} {
-		taken := map[uint32]bool{}
-		for _, i := range tc.taken {
-			taken[i] = true
+	taken := map[uint32]bool{3: true, 9: true}
+	pr := newProber("n1", 12)
+	var got []uint32
+	for {
+		i, ok := pr.next(ranges, func(i uint32) bool { return taken[i] })
+		if !ok {
+			break
 		}
-		got, ok := nextFree(ranges, taken, tc.from)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("nextFree(taken %v, from %d) = %d, %v; want %d, %v", tc.taken, tc.from, got, ok, tc.want, tc.ok)
-		}
+		got = append(got, i)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []uint32{2, 4, 8}) {
+		t.Fatalf("walk in ranges %v without %v: %v, want [2 4 8]", ranges, taken, got)
+	}
+	// Two nodes' first claims differ (the start is the node's).
+	a, _ := newProber("node-1", 16384).next([]indexRange{{0, 16384}}, nil)
+	b, _ := newProber("node-2", 16384).next([]indexRange{{0, 16384}}, nil)
+	if a == b {
+		t.Fatalf("node-1 and node-2 start at the same index %d", a)
 	}
 }
 
