@@ -20,7 +20,7 @@ import (
 )
 
 // routingKernel is what skeind needs of the kernel side of routing
-// (*routing.Kernel).
+// (*kernel.Kernel).
 type routingKernel interface {
 	routing.Syncer
 	Close() error

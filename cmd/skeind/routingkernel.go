@@ -5,6 +5,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/daemon"
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 )
 
 // openKernel opens the kernel side of routing for mode in the node's
@@ -12,11 +13,11 @@ import (
 // VXLAN device's in vxlan mode; 0 in the others). It changes nothing in
 // the kernel.
 func openKernel(mode routing.Mode, cfg daemon.Config, local []netip.Addr) (routingKernel, int, error) {
-	k, err := routing.NewKernel(routing.KernelConfig{
+	k, err := kernel.NewKernel(kernel.KernelConfig{
 		Mode:       mode,
 		NodeNetNS:  cfg.Dataplane.NodeNetNS,
 		LocalAddrs: local,
-		VXLAN: routing.VXLANConfig{
+		VXLAN: kernel.VXLANConfig{
 			VNI:  cfg.Routing.VXLAN.VNI,
 			Port: cfg.Routing.VXLAN.Port,
 			MTU:  cfg.Routing.VXLAN.MTU,
@@ -33,4 +34,4 @@ func openKernel(mode routing.Mode, cfg daemon.Config, local []netip.Addr) (routi
 	return k, mtu, nil
 }
 
-var _ routingKernel = (*routing.Kernel)(nil)
+var _ routingKernel = (*kernel.Kernel)(nil)

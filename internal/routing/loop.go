@@ -223,6 +223,11 @@ func (l *Loop) Run(ctx context.Context) error {
 // start-up, ListRoutes in export mode).
 func (l *Loop) SyncNow(ctx context.Context) error { return l.syncOnce(ctx, true) }
 
+// SyncChanges runs one sync as Run does after a change: only the blocks
+// whose claimants changed since the last sync when the Syncer is an
+// Updater and the last sync went well, else a full one.
+func (l *Loop) SyncChanges(ctx context.Context) error { return l.syncOnce(ctx, false) }
+
 // syncOnce reads a snapshot and applies it: everything (full, or when the
 // Syncer is no Updater or the last sync failed), else only the blocks
 // whose claimants changed since the last sync.

@@ -20,23 +20,14 @@
 // (Kernel.Update: the routes and entries of those blocks, written against
 // the record of the last Sync instead of dumps of the kernel).
 //
-// The kernel side (Kernel, Linux only) owns exactly: routes in its table
-// (default 120) tagged with its protocol (32), the rules "from all lookup
-// 120" at priority 2001 tagged with the same protocol, and the VXLAN
-// device (by name, marked by its alias; its FDB and permanent neighbour
-// entries). A block for which the table
-// already holds a route of another protocol is reported, not overwritten.
-// direct routes a block via its node's address of the block's family, an
-// IPv4 block via the node's IPv6 address if it has no IPv4 one (RTA_VIA);
-// the address must be on a connected network. vxlan's underlay family is
-// one rule for the whole cluster (UnderlayAddr): IPv4 when a node has an
-// IPv4 address, else IPv6, for the local end and for every peer alike, so
-// nodes listing their addresses in different orders still agree. Every
-// node's device MAC is MACFor(its underlay address), so nothing but the
-// addresses is exchanged.
+// The kernel side is internal/routing/kernel (Linux only): what it owns
+// in the kernel and how it programs it are said there. This package holds
+// the watcher of the API (Watcher, Snapshot), the Loop between it and a
+// Syncer, and the types both sides share (Remote, Status, Mode).
 package routing
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 )
@@ -79,6 +70,15 @@ const (
 	OverheadVXLAN4 = 20 + 8 + 8 + 14 // IPv4 underlay
 	OverheadVXLAN6 = 40 + 8 + 8 + 14 // IPv6 underlay
 )
+
+// ErrInvalid: a kernel configuration (internal/routing/kernel) is
+// malformed. Nothing was changed.
+var ErrInvalid = errors.New("invalid routing configuration")
+
+// ErrFullSync: an Updater cannot apply a change alone (no full Sync yet, a
+// mode with nothing to update, or this node's underlay address changed);
+// the caller runs Sync instead.
+var ErrFullSync = errors.New("routing: a full sync is needed")
 
 // Remote is one block of another node, as the API describes it.
 type Remote struct {

@@ -24,6 +24,7 @@ import (
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 	"github.com/skeinnet/skein/test/cluster"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kubenode"
@@ -216,7 +217,7 @@ func (rc *routeCluster) tableProblems(t *testing.T, self string, reach func(owne
 			if r.LinkIndex != vx.Attrs().Index || gwOf(r) != p.Addr() {
 				problems = append(problems, fmt.Sprintf("%s: %s, want via %s dev %s", self, routeDesc(r), p.Addr(), routing.DefaultVXLANDevice))
 			}
-			mac := routing.MACFor(peer)
+			mac := kernel.MACFor(peer)
 			if n, ok := neigh[p.Addr()]; !ok || !bytes.Equal(n.HardwareAddr, mac) || n.State&netlink.NUD_PERMANENT == 0 {
 				problems = append(problems, fmt.Sprintf("%s: neighbour %s on %s is %+v, want %s permanent", self, p.Addr(), routing.DefaultVXLANDevice, n, mac))
 			}

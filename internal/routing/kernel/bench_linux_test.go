@@ -1,4 +1,4 @@
-package routing_test
+package kernel_test
 
 import (
 	"cmp"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -52,7 +53,7 @@ func BenchmarkSync1000Nodes(b *testing.B) {
 	addAddr(b, n.ns, "ul0", pfx("fd64::1/64"))
 	n.addrs = []netip.Addr{ip("10.100.0.1"), ip("fd64::1")}
 	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
-		k := newKernel(b, n, routing.KernelConfig{Mode: mode, LocalAddrs: n.addrs})
+		k := newKernel(b, n, kernel.KernelConfig{Mode: mode, LocalAddrs: n.addrs})
 		check := func(st []routing.Status, err error) {
 			if err != nil {
 				b.Fatal(err)
@@ -125,7 +126,7 @@ func BenchmarkChange3000Blocks(b *testing.B) {
 	n.addrs = []netip.Addr{ip("10.100.0.1"), ip("fd64::1")}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
-		k := newKernel(b, n, routing.KernelConfig{Mode: mode, LocalAddrs: n.addrs})
+		k := newKernel(b, n, kernel.KernelConfig{Mode: mode, LocalAddrs: n.addrs})
 		src := &benchSource{}
 		l, err := routing.NewLoop(routing.LoopOptions{Mode: mode, Source: src, Syncer: k, Logger: quiet})
 		if err != nil {

@@ -1,4 +1,4 @@
-package routing
+package kernel
 
 import (
 	"context"
@@ -14,13 +14,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/internal/routing"
 )
 
 // KernelConfig configures a Kernel. Every zero value means the documented
 // default, which NewKernel fills in.
 type KernelConfig struct {
 	// Mode is what Sync installs. Default ModeExport (nothing).
-	Mode Mode
+	Mode routing.Mode
 	// NodeNetNS is the path of the node's network namespace; "" means the
 	// namespace the process runs in.
 	NodeNetNS string
@@ -58,9 +59,6 @@ type VXLANConfig struct {
 	// minus the VXLAN overhead of the underlay's family (see PodMTU).
 	MTU int
 }
-
-// ErrInvalid: a KernelConfig is malformed. Nothing was changed.
-var ErrInvalid = errors.New("invalid routing configuration")
 
 // deviceAlias marks the VXLAN device as skein's: a link of the configured
 // name without it is someone else's and is never modified or deleted.
@@ -109,7 +107,7 @@ func NewKernel(cfg KernelConfig) (*Kernel, error) {
 func (k *Kernel) SetLocalAddrs(addrs []netip.Addr) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.cfg.Mode == ModeVXLAN {
+	if k.cfg.Mode == routing.ModeVXLAN {
 		if err := validateLocalAddrs(addrs); err != nil {
 			return fmt.Errorf("routing: %w", err)
 		}
@@ -139,45 +137,45 @@ func setKernelDefaults(c *KernelConfig) {
 		}
 	}
 	if c.Mode == "" {
-		c.Mode = ModeExport
+		c.Mode = routing.ModeExport
 	}
-	def(&c.Table, DefaultTable)
-	def(&c.Protocol, DefaultProtocol)
-	def(&c.RulePriority, DefaultRulePriority)
-	def(&c.VXLAN.VNI, DefaultVXLANVNI)
-	def(&c.VXLAN.Port, DefaultVXLANPort)
+	def(&c.Table, routing.DefaultTable)
+	def(&c.Protocol, routing.DefaultProtocol)
+	def(&c.RulePriority, routing.DefaultRulePriority)
+	def(&c.VXLAN.VNI, routing.DefaultVXLANVNI)
+	def(&c.VXLAN.Port, routing.DefaultVXLANPort)
 	if c.VXLAN.Device == "" {
-		c.VXLAN.Device = DefaultVXLANDevice
+		c.VXLAN.Device = routing.DefaultVXLANDevice
 	}
 }
 
 func validateKernelConfig(c KernelConfig) error {
-	if _, err := ParseMode(string(c.Mode)); err != nil {
-		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	if _, err := routing.ParseMode(string(c.Mode)); err != nil {
+		return fmt.Errorf("%w: %w", err, routing.ErrInvalid)
 	}
 	switch {
 	case c.Table < 0 || int64(c.Table) > 1<<32-1:
-		return fmt.Errorf("table %d out of range: %w", c.Table, ErrInvalid)
+		return fmt.Errorf("table %d out of range: %w", c.Table, routing.ErrInvalid)
 	case c.Table == unix.RT_TABLE_MAIN || c.Table == unix.RT_TABLE_LOCAL || c.Table == unix.RT_TABLE_DEFAULT:
-		return fmt.Errorf("table %d is a kernel table: %w", c.Table, ErrInvalid)
+		return fmt.Errorf("table %d is a kernel table: %w", c.Table, routing.ErrInvalid)
 	case c.Table >= 116 && c.Table <= 119:
-		return fmt.Errorf("table %d is one of the dataplane's (116..119): %w", c.Table, ErrInvalid)
+		return fmt.Errorf("table %d is one of the dataplane's (116..119): %w", c.Table, routing.ErrInvalid)
 	case c.Protocol <= unix.RTPROT_STATIC || c.Protocol > 255:
-		return fmt.Errorf("route protocol %d out of range 5..255: %w", c.Protocol, ErrInvalid)
+		return fmt.Errorf("route protocol %d out of range 5..255: %w", c.Protocol, routing.ErrInvalid)
 	case c.Protocol == 30 || c.Protocol == 31:
-		return fmt.Errorf("route protocol %d is the dataplane's (30, 31): %w", c.Protocol, ErrInvalid)
+		return fmt.Errorf("route protocol %d is the dataplane's (30, 31): %w", c.Protocol, routing.ErrInvalid)
 	case c.RulePriority < 1 || int64(c.RulePriority) >= 32766:
-		return fmt.Errorf("rule priority %d out of range 1..32765: %w", c.RulePriority, ErrInvalid)
+		return fmt.Errorf("rule priority %d out of range 1..32765: %w", c.RulePriority, routing.ErrInvalid)
 	case c.VXLAN.VNI < 1 || c.VXLAN.VNI > 1<<24-1:
-		return fmt.Errorf("vxlan vni %d out of range 1..16777215: %w", c.VXLAN.VNI, ErrInvalid)
+		return fmt.Errorf("vxlan vni %d out of range 1..16777215: %w", c.VXLAN.VNI, routing.ErrInvalid)
 	case c.VXLAN.Port < 1 || c.VXLAN.Port > 65535:
-		return fmt.Errorf("vxlan port %d out of range 1..65535: %w", c.VXLAN.Port, ErrInvalid)
+		return fmt.Errorf("vxlan port %d out of range 1..65535: %w", c.VXLAN.Port, routing.ErrInvalid)
 	case c.VXLAN.MTU != 0 && (c.VXLAN.MTU < 68 || c.VXLAN.MTU > 65535):
-		return fmt.Errorf("vxlan mtu %d out of range 68..65535: %w", c.VXLAN.MTU, ErrInvalid)
+		return fmt.Errorf("vxlan mtu %d out of range 68..65535: %w", c.VXLAN.MTU, routing.ErrInvalid)
 	case !validLinkName(c.VXLAN.Device):
-		return fmt.Errorf("vxlan device name %q is not a valid link name: %w", c.VXLAN.Device, ErrInvalid)
+		return fmt.Errorf("vxlan device name %q is not a valid link name: %w", c.VXLAN.Device, routing.ErrInvalid)
 	}
-	if c.Mode != ModeVXLAN {
+	if c.Mode != routing.ModeVXLAN {
 		return nil // only vxlan uses them: an odd address must not stop the others
 	}
 	return validateLocalAddrs(c.LocalAddrs)
@@ -190,15 +188,15 @@ func validateLocalAddrs(addrs []netip.Addr) error {
 	for _, a := range addrs {
 		if !a.IsValid() || a.Zone() != "" || a.Is4In6() || a.IsUnspecified() || a.IsMulticast() ||
 			a.IsLoopback() || a.IsLinkLocalUnicast() {
-			return fmt.Errorf("local address %q is not a usable unicast address: %w", a, ErrInvalid)
+			return fmt.Errorf("local address %q is not a usable unicast address: %w", a, routing.ErrInvalid)
 		}
 		if seen[a.Is4()] {
-			return fmt.Errorf("more than one local address of the family of %s: %w", a, ErrInvalid)
+			return fmt.Errorf("more than one local address of the family of %s: %w", a, routing.ErrInvalid)
 		}
 		seen[a.Is4()] = true
 	}
 	if len(addrs) == 0 {
-		return fmt.Errorf("vxlan mode needs a local (underlay) address: %w", ErrInvalid)
+		return fmt.Errorf("vxlan mode needs a local (underlay) address: %w", routing.ErrInvalid)
 	}
 	return nil
 }
@@ -227,7 +225,7 @@ func validLinkName(name string) bool {
 // route) gets Installed false and a Reason; the error is for failures of the
 // whole Sync (netlink dumps, the rule, the device), after which the kernel
 // may be half way and the next Sync repairs it.
-func (k *Kernel) Sync(ctx context.Context, remotes []Remote) ([]Status, error) {
+func (k *Kernel) Sync(ctx context.Context, remotes []routing.Remote) ([]routing.Status, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closeH == nil {
@@ -237,14 +235,14 @@ func (k *Kernel) Sync(ctx context.Context, remotes []Remote) ([]Status, error) {
 		return nil, fmt.Errorf("routing sync: %w", err)
 	}
 	var (
-		st  []Status
+		st  []routing.Status
 		err error
 	)
 	k.last = nil // set again by a mode's sync that ends well
 	switch k.cfg.Mode {
-	case ModeDirect:
+	case routing.ModeDirect:
 		st, err = k.syncDirect(ctx, remotes)
-	case ModeVXLAN:
+	case routing.ModeVXLAN:
 		st, err = k.syncVXLAN(ctx, remotes)
 	default:
 		st, err = k.syncExport(remotes)
@@ -283,7 +281,7 @@ func (k *Kernel) removeAll() error {
 // syncExport removes what the other modes left and reports, per remote,
 // whether a routing daemon installed a route for exactly its block in some
 // other table.
-func (k *Kernel) syncExport(remotes []Remote) ([]Status, error) {
+func (k *Kernel) syncExport(remotes []routing.Remote) ([]routing.Status, error) {
 	if err := k.removeAll(); err != nil {
 		return nil, err
 	}
@@ -304,7 +302,7 @@ func (k *Kernel) syncExport(remotes []Remote) ([]Status, error) {
 			have[p] = nextHop(r)
 		}
 	}
-	out := make([]Status, len(remotes))
+	out := make([]routing.Status, len(remotes))
 	for i, rm := range remotes {
 		out[i].Remote = rm
 		via, ok := have[rm.Block]

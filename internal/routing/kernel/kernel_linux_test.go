@@ -1,4 +1,4 @@
-package routing_test
+package kernel_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -32,9 +33,9 @@ func foreign(t testing.TB, n *node) {
 // removal deletes exactly its routes; Uninstall restores the namespace.
 func TestDirect(t *testing.T) {
 	nodes := lan(t, 3)
-	cfg := routing.KernelConfig{Mode: routing.ModeDirect}
+	cfg := kernel.KernelConfig{Mode: routing.ModeDirect}
 	var before []harness.State
-	var ks []*routing.Kernel
+	var ks []*kernel.Kernel
 	for _, n := range nodes {
 		foreign(t, n)
 		before = append(before, harness.Snapshot(t, n.ns))
@@ -116,7 +117,7 @@ func TestDirectReasons(t *testing.T) {
 	addRoute(t, n.ns, &netlink.Route{Dst: ipNetOf(pfx("10.77.0.0/24")), Type: unix.RTN_BLACKHOLE,
 		Table: routing.DefaultTable, Protocol: 99})
 	defaultVia(t, n.ns, ip("192.168.50.254"))
-	k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: n.addrs})
+	k := newKernel(t, n, kernel.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: n.addrs})
 	rs := []routing.Remote{
 		{Block: pfx("10.10.2.0/24"), Node: "node2", NodeAddrs: nodes[1].addrs},
 		{Block: pfx("10.20.0.0/24"), Node: "nowhere"},
@@ -156,7 +157,7 @@ func TestBadConfig(t *testing.T) {
 	n := nodes[0]
 	before := harness.Snapshot(t, n.ns)
 	v4 := ip("192.168.50.1")
-	for name, c := range map[string]routing.KernelConfig{
+	for name, c := range map[string]kernel.KernelConfig{
 		"mode":          {Mode: "bgp"},
 		"main table":    {Table: 254},
 		"local table":   {Table: 255},
@@ -167,31 +168,31 @@ func TestBadConfig(t *testing.T) {
 		"proto 256":     {Protocol: 256},
 		"pod proto":     {Protocol: 31},
 		"prio":          {RulePriority: 32766},
-		"vni":           {VXLAN: routing.VXLANConfig{VNI: 1 << 24}},
-		"neg vni":       {VXLAN: routing.VXLANConfig{VNI: -1}},
-		"port":          {VXLAN: routing.VXLANConfig{Port: 65536}},
-		"mtu":           {VXLAN: routing.VXLANConfig{MTU: 67}},
-		"device slash":  {VXLAN: routing.VXLANConfig{Device: "a/b"}},
-		"device long":   {VXLAN: routing.VXLANConfig{Device: "abcdefghijklmnop"}},
+		"vni":           {VXLAN: kernel.VXLANConfig{VNI: 1 << 24}},
+		"neg vni":       {VXLAN: kernel.VXLANConfig{VNI: -1}},
+		"port":          {VXLAN: kernel.VXLANConfig{Port: 65536}},
+		"mtu":           {VXLAN: kernel.VXLANConfig{MTU: 67}},
+		"device slash":  {VXLAN: kernel.VXLANConfig{Device: "a/b"}},
+		"device long":   {VXLAN: kernel.VXLANConfig{Device: "abcdefghijklmnop"}},
 		"two v4":        {Mode: routing.ModeVXLAN, LocalAddrs: []netip.Addr{v4, ip("192.168.50.9")}},
 		"loopback":      {Mode: routing.ModeVXLAN, LocalAddrs: []netip.Addr{ip("127.0.0.1")}},
 		"vxlan no addr": {Mode: routing.ModeVXLAN},
 	} {
 		c.NodeNetNS = n.ns.Path()
-		if k, err := routing.NewKernel(c); !errors.Is(err, routing.ErrInvalid) {
+		if k, err := kernel.NewKernel(c); !errors.Is(err, routing.ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)
 			if k != nil {
 				k.Close()
 			}
 		}
 	}
-	if _, err := routing.NewKernel(routing.KernelConfig{NodeNetNS: "/nonexistent/ns"}); err == nil {
+	if _, err := kernel.NewKernel(kernel.KernelConfig{NodeNetNS: "/nonexistent/ns"}); err == nil {
 		t.Error("missing namespace accepted")
 	}
 	// Only vxlan uses the local addresses: an odd one (a Node's
 	// InternalIP, say) must not stop the other modes.
 	for _, mode := range []routing.Mode{routing.ModeExport, routing.ModeDirect} {
-		k, err := routing.NewKernel(routing.KernelConfig{Mode: mode, NodeNetNS: n.ns.Path(), LocalAddrs: []netip.Addr{ip("127.0.0.1"), v4, ip("192.168.50.9")}})
+		k, err := kernel.NewKernel(kernel.KernelConfig{Mode: mode, NodeNetNS: n.ns.Path(), LocalAddrs: []netip.Addr{ip("127.0.0.1"), v4, ip("192.168.50.9")}})
 		if err != nil {
 			t.Errorf("%s mode with odd local addresses: %v", mode, err)
 			continue
@@ -209,7 +210,7 @@ func TestDirectIPv4ViaIPv6(t *testing.T) {
 		n.addrs = n.addrs[1:] // IPv6 only
 	}
 	for _, n := range nodes {
-		k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: n.addrs})
+		k := newKernel(t, n, kernel.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: n.addrs})
 		requireInstalled(t, mustSync(t, k, remotes(n, nodes...)))
 	}
 	if got := tableRoutes(t, nodes[0].ns, routing.DefaultTable); !contains(got, "10.10.2.0/24 via inet6 fd50::2 dev ul0") {
@@ -225,7 +226,7 @@ func TestCancelledSync(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	for _, mode := range []routing.Mode{routing.ModeDirect, routing.ModeVXLAN} {
-		k := newKernel(t, nodes[0], routing.KernelConfig{Mode: mode, LocalAddrs: nodes[0].addrs})
+		k := newKernel(t, nodes[0], kernel.KernelConfig{Mode: mode, LocalAddrs: nodes[0].addrs})
 		if _, err := k.Sync(ctx, remotes(nodes[0], nodes...)); !errors.Is(err, context.Canceled) {
 			t.Errorf("%s: got %v, want context.Canceled", mode, err)
 		}
@@ -265,14 +266,14 @@ func TestRuleTag(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	mustSync(t, newKernel(t, n, routing.KernelConfig{Mode: routing.ModeDirect}), nil)
+	mustSync(t, newKernel(t, n, kernel.KernelConfig{Mode: routing.ModeDirect}), nil)
 	if got, want := protos(netlink.FAMILY_V4), []uint8{unix.RTPROT_STATIC, routing.DefaultProtocol}; !slices.Equal(got, want) {
 		t.Errorf("IPv4 rules at %d after a direct sync: protocols %v, want %v", routing.DefaultRulePriority, got, want)
 	}
 	if got, want := protos(netlink.FAMILY_V6), []uint8{routing.DefaultProtocol}; !slices.Equal(got, want) {
 		t.Errorf("IPv6 rules at %d after a direct sync: protocols %v, want %v", routing.DefaultRulePriority, got, want)
 	}
-	mustSync(t, newKernel(t, n, routing.KernelConfig{Mode: routing.ModeExport}), nil)
+	mustSync(t, newKernel(t, n, kernel.KernelConfig{Mode: routing.ModeExport}), nil)
 	if got, want := protos(netlink.FAMILY_V4), []uint8{unix.RTPROT_STATIC}; !slices.Equal(got, want) {
 		t.Errorf("IPv4 rules at %d after an export sync: protocols %v, want %v (the administrator's)", routing.DefaultRulePriority, got, want)
 	}

@@ -1,9 +1,11 @@
-package routing
+package kernel
 
 import (
 	"crypto/sha256"
 	"net"
 	"net/netip"
+
+	"github.com/skeinnet/skein/internal/routing"
 )
 
 // MACFor is the MAC address of the VXLAN device of the node whose underlay
@@ -24,9 +26,9 @@ func MACFor(a netip.Addr) net.HardwareAddr {
 // local address is a (OverheadVXLAN4 or OverheadVXLAN6).
 func Overhead(a netip.Addr) int {
 	if a.Unmap().Is4() {
-		return OverheadVXLAN4
+		return routing.OverheadVXLAN4
 	}
-	return OverheadVXLAN6
+	return routing.OverheadVXLAN6
 }
 
 // PodMTU is the largest MTU that pod traffic through a VXLAN device can have

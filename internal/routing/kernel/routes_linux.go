@@ -1,4 +1,4 @@
-package routing
+package kernel
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/skeinnet/skein/internal/routing"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -121,7 +122,7 @@ func (k *Kernel) setRoutes(want map[netip.Prefix]*netlink.Route) error {
 // claim records that remote i routes block p, or says why it cannot: an
 // invalid block, one an earlier remote claims, or one a route in Table that
 // is not ours already covers.
-func claim(owner map[netip.Prefix]int, remotes []Remote, i int, cur tableState, table int) string {
+func claim(owner map[netip.Prefix]int, remotes []routing.Remote, i int, cur tableState, table int) string {
 	p := remotes[i].Block
 	if !validBlock(p) {
 		return fmt.Sprintf("block %q is not a canonical prefix", p)
@@ -174,7 +175,7 @@ func (k *Kernel) reach(a netip.Addr, cache map[netip.Addr]reachability) reachabi
 // Table proto Protocol". An IPv4 block of a node with only an IPv6 address
 // goes via that address (RTA_VIA, RFC 5549); the kernel has no IPv6 routes
 // via IPv4 next hops, so the reverse case is reported.
-func (k *Kernel) syncDirect(ctx context.Context, remotes []Remote) ([]Status, error) {
+func (k *Kernel) syncDirect(ctx context.Context, remotes []routing.Remote) ([]routing.Status, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -196,14 +197,14 @@ func (k *Kernel) syncDirect(ctx context.Context, remotes []Remote) ([]Status, er
 	if err := k.deleteDevice(); err != nil {
 		return out, err
 	}
-	k.last = &applied{mode: ModeDirect, table: tableState{own: map[netip.Prefix][]netlink.Route{}, foreign: cur.foreign}}
+	k.last = &applied{mode: routing.ModeDirect, table: tableState{own: map[netip.Prefix][]netlink.Route{}, foreign: cur.foreign}}
 	k.last.setRoutes(cur, want, failed)
 	return out, nil
 }
 
 // updateDirect is syncDirect for the blocks of scope alone, against the
 // last Sync's record instead of the kernel's table.
-func (k *Kernel) updateDirect(scope map[netip.Prefix]bool, remotes []Remote) ([]Status, error) {
+func (k *Kernel) updateDirect(scope map[netip.Prefix]bool, remotes []routing.Remote) ([]routing.Status, error) {
 	cur := k.last.scoped(scope)
 	out, want := k.planDirect(remotes, cur)
 	failed, err := k.applyRoutes(cur, want, true)
@@ -217,8 +218,8 @@ func (k *Kernel) updateDirect(scope map[netip.Prefix]bool, remotes []Remote) ([]
 
 // planDirect is the direct mode's route for each remote that can have
 // one, and the statuses (Via set, Installed not yet) of all.
-func (k *Kernel) planDirect(remotes []Remote, cur tableState) ([]Status, map[netip.Prefix]*netlink.Route) {
-	out := make([]Status, len(remotes))
+func (k *Kernel) planDirect(remotes []routing.Remote, cur tableState) ([]routing.Status, map[netip.Prefix]*netlink.Route) {
+	out := make([]routing.Status, len(remotes))
 	want := map[netip.Prefix]*netlink.Route{}
 	owner := map[netip.Prefix]int{}
 	cache := map[netip.Addr]reachability{}
@@ -265,7 +266,7 @@ func (k *Kernel) planDirect(remotes []Remote, cur tableState) ([]Status, map[net
 }
 
 // finishDirect marks the planned statuses installed, or why not.
-func finishDirect(out []Status, failed map[netip.Prefix]error) {
+func finishDirect(out []routing.Status, failed map[netip.Prefix]error) {
 	for i := range out {
 		if out[i].Reason != "" {
 			out[i].Via = netip.Addr{}

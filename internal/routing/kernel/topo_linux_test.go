@@ -1,4 +1,4 @@
-package routing_test
+package kernel_test
 
 import (
 	"fmt"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -171,10 +172,10 @@ func settle(t testing.TB, nodes ...*node) {
 	}
 }
 
-func newKernel(t testing.TB, n *node, cfg routing.KernelConfig) *routing.Kernel {
+func newKernel(t testing.TB, n *node, cfg kernel.KernelConfig) *kernel.Kernel {
 	t.Helper()
 	cfg.NodeNetNS = n.ns.Path()
-	k, err := routing.NewKernel(cfg)
+	k, err := kernel.NewKernel(cfg)
 	if err != nil {
 		t.Fatalf("new kernel for %s: %v", n.name, err)
 	}
@@ -182,7 +183,7 @@ func newKernel(t testing.TB, n *node, cfg routing.KernelConfig) *routing.Kernel 
 	return k
 }
 
-func mustSync(t testing.TB, k *routing.Kernel, rs []routing.Remote) []routing.Status {
+func mustSync(t testing.TB, k *kernel.Kernel, rs []routing.Remote) []routing.Status {
 	t.Helper()
 	st, err := k.Sync(t.Context(), rs)
 	if err != nil {
@@ -338,7 +339,7 @@ func watch(t testing.TB, ns *harness.NS, table, proto int, dev string) func() []
 }
 
 // requireNoChange runs fn and fails if it changed any of routing's objects.
-func requireNoChange(t testing.TB, n *node, cfg routing.KernelConfig, fn func()) {
+func requireNoChange(t testing.TB, n *node, cfg kernel.KernelConfig, fn func()) {
 	t.Helper()
 	table, proto, dev := cfg.Table, cfg.Protocol, cfg.VXLAN.Device
 	if table == 0 {

@@ -1,4 +1,4 @@
-package routing
+package kernel
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/skeinnet/skein/internal/routing"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -19,7 +20,7 @@ import (
 // What someone else changes in between is repaired by the next full Sync
 // (periodic): Update never overwrites a route it does not know of.
 type applied struct {
-	mode Mode
+	mode routing.Mode
 	// table: the routes of ours as installed, and the prefixes that held
 	// a route of another protocol at the last Sync.
 	table tableState
@@ -84,11 +85,6 @@ func (a *applied) setMACs(scope map[netip.Prefix]bool, mac map[netip.Prefix]stri
 	}
 }
 
-// ErrFullSync: Update cannot apply the change alone (no full Sync yet, a
-// mode with nothing to update, or this node's underlay address changed);
-// the caller runs Sync instead.
-var ErrFullSync = errors.New("routing: a full sync is needed")
-
 // Update applies a change of some blocks: afterwards the kernel holds for
 // each prefix in blocks what Sync would for the remotes that claim it
 // (remotes: all of them, in Sync's order; none = the block is gone), and
@@ -97,7 +93,7 @@ var ErrFullSync = errors.New("routing: a full sync is needed")
 // table. It returns one Status per remote. ErrFullSync means nothing was
 // changed and Sync must run; after any other error the next Update
 // returns ErrFullSync too.
-func (k *Kernel) Update(ctx context.Context, blocks []netip.Prefix, remotes []Remote) ([]Status, error) {
+func (k *Kernel) Update(ctx context.Context, blocks []netip.Prefix, remotes []routing.Remote) ([]routing.Status, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closeH == nil {
@@ -107,7 +103,7 @@ func (k *Kernel) Update(ctx context.Context, blocks []netip.Prefix, remotes []Re
 		return nil, fmt.Errorf("routing update: %w", err)
 	}
 	if k.last == nil || k.last.mode != k.cfg.Mode {
-		return nil, ErrFullSync
+		return nil, routing.ErrFullSync
 	}
 	scope := make(map[netip.Prefix]bool, len(blocks))
 	for _, p := range blocks {
@@ -117,21 +113,21 @@ func (k *Kernel) Update(ctx context.Context, blocks []netip.Prefix, remotes []Re
 		scope[r.Block] = true
 	}
 	var (
-		st  []Status
+		st  []routing.Status
 		err error
 	)
 	switch k.cfg.Mode {
-	case ModeDirect:
+	case routing.ModeDirect:
 		st, err = k.updateDirect(scope, remotes)
-	case ModeVXLAN:
-		if k.last.local != UnderlayAddr(k.local) {
-			return nil, ErrFullSync // the device is recreated: Sync's work
+	case routing.ModeVXLAN:
+		if k.last.local != routing.UnderlayAddr(k.local) {
+			return nil, routing.ErrFullSync // the device is recreated: Sync's work
 		}
 		st, err = k.updateVXLAN(scope, remotes)
 	default:
 		// Export mode installs nothing; what it reports needs every
 		// table's routes, which only Sync reads.
-		return nil, ErrFullSync
+		return nil, routing.ErrFullSync
 	}
 	if err != nil {
 		k.last = nil
@@ -143,7 +139,7 @@ func (k *Kernel) Update(ctx context.Context, blocks []netip.Prefix, remotes []Re
 // updateVXLAN is syncVXLAN for the blocks of scope alone, against the
 // last Sync's record: FDB entries for the peers, neighbours, routes, then
 // the neighbours and FDB entries no block uses any more.
-func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []Remote) ([]Status, error) {
+func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []routing.Remote) ([]routing.Status, error) {
 	a := k.last
 	cur := a.scoped(scope)
 	plan := k.planVXLAN(remotes, cur, a.local, a.dev)

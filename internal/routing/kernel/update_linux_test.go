@@ -1,4 +1,4 @@
-package routing_test
+package kernel_test
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 )
 
 // TestUpdate: Update applies a change of a few blocks with the netlink
@@ -31,8 +32,8 @@ func TestUpdate(t *testing.T) {
 func testUpdate(t *testing.T, mode routing.Mode) {
 	nodes := lan(t, 3)
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
-	cfg := routing.KernelConfig{Mode: mode, LocalAddrs: n1.addrs}
-	var ks []*routing.Kernel
+	cfg := kernel.KernelConfig{Mode: mode, LocalAddrs: n1.addrs}
+	var ks []*kernel.Kernel
 	for _, n := range nodes {
 		c := cfg
 		c.LocalAddrs = n.addrs

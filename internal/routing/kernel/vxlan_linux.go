@@ -1,4 +1,4 @@
-package routing
+package kernel
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/skeinnet/skein/internal/routing"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -61,7 +62,7 @@ func (k *Kernel) underlay(local netip.Addr) (index, mtu int, err error) {
 // mode the device's (VXLAN.MTU, or the underlay link's MTU minus the
 // overhead), 0 (no limit of ours) in the other modes. It changes nothing.
 func (k *Kernel) PodMTU() (int, error) {
-	if k.cfg.Mode != ModeVXLAN {
+	if k.cfg.Mode != routing.ModeVXLAN {
 		return 0, nil
 	}
 	if k.cfg.VXLAN.MTU != 0 {
@@ -72,7 +73,7 @@ func (k *Kernel) PodMTU() (int, error) {
 	if k.closeH == nil {
 		return 0, errors.New("routing pod mtu: kernel closed")
 	}
-	local := UnderlayAddr(k.local)
+	local := routing.UnderlayAddr(k.local)
 	_, mtu, err := k.underlay(local)
 	if err != nil {
 		return 0, fmt.Errorf("routing pod mtu: %w", err)
@@ -197,8 +198,8 @@ func (k *Kernel) ensureDevice(local netip.Addr, link, mtu int) (int, error) {
 }
 
 // syncVXLAN: see the comment at the top of the file.
-func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, error) {
-	local := UnderlayAddr(k.local)
+func (k *Kernel) syncVXLAN(ctx context.Context, remotes []routing.Remote) ([]routing.Status, error) {
+	local := routing.UnderlayAddr(k.local)
 	if !local.IsValid() {
 		return nil, errors.New("vxlan mode needs a local (underlay) address; this node has none")
 	}
@@ -299,7 +300,7 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, err
 	}
 	finishVXLAN(plan.out, neighFailed, failed)
 
-	last := &applied{mode: ModeVXLAN, local: local, dev: dev,
+	last := &applied{mode: routing.ModeVXLAN, local: local, dev: dev,
 		table: tableState{own: map[netip.Prefix][]netlink.Route{}, foreign: cur.foreign},
 		fdb:   plan.fdb, neigh: map[netip.Addr]net.HardwareAddr{}, macOf: map[netip.Prefix]string{},
 		macUse: map[string]int{}, gwUse: map[netip.Addr]int{}}
@@ -316,15 +317,15 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []Remote) ([]Status, err
 
 // vxlanPlan is what the vxlan mode wants for some remotes.
 type vxlanPlan struct {
-	out   []Status                        // Via set, Installed not yet
+	out   []routing.Status                // Via set, Installed not yet
 	fdb   map[string]netip.Addr           // MAC → peer
 	neigh map[netip.Addr]net.HardwareAddr // gateway (block address) → MAC
 	route map[netip.Prefix]*netlink.Route
 	mac   map[netip.Prefix]string // block → its peer's MAC
 }
 
-func (k *Kernel) planVXLAN(remotes []Remote, cur tableState, local netip.Addr, dev int) vxlanPlan {
-	plan := vxlanPlan{out: make([]Status, len(remotes)), fdb: map[string]netip.Addr{}, neigh: map[netip.Addr]net.HardwareAddr{},
+func (k *Kernel) planVXLAN(remotes []routing.Remote, cur tableState, local netip.Addr, dev int) vxlanPlan {
+	plan := vxlanPlan{out: make([]routing.Status, len(remotes)), fdb: map[string]netip.Addr{}, neigh: map[netip.Addr]net.HardwareAddr{},
 		route: map[netip.Prefix]*netlink.Route{}, mac: map[netip.Prefix]string{}}
 	out := plan.out
 	owner := map[netip.Prefix]int{}
@@ -371,7 +372,7 @@ func (p vxlanPlan) dropFailed(neighFailed map[netip.Addr]error) {
 }
 
 // finishVXLAN marks the planned statuses installed, or why not.
-func finishVXLAN(out []Status, neighFailed map[netip.Addr]error, failed map[netip.Prefix]error) {
+func finishVXLAN(out []routing.Status, neighFailed map[netip.Addr]error, failed map[netip.Prefix]error) {
 	for i := range out {
 		if out[i].Reason != "" {
 			continue

@@ -1,4 +1,4 @@
-package routing_test
+package kernel_test
 
 import (
 	"errors"
@@ -11,17 +11,18 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/skeinnet/skein/internal/routing"
+	"github.com/skeinnet/skein/internal/routing/kernel"
 	"github.com/skeinnet/skein/test/harness"
 )
 
 // vxlanCfg: an IPv6 underlay needs a node known by its IPv6 address only
 // (with an IPv4 one, UnderlayAddr picks that).
-func vxlanCfg(n *node, v6Underlay bool) routing.KernelConfig {
+func vxlanCfg(n *node, v6Underlay bool) kernel.KernelConfig {
 	addrs := slices.Clone(n.addrs)
 	if v6Underlay {
 		addrs = addrs[1:]
 	}
-	return routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: addrs}
+	return kernel.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: addrs}
 }
 
 // TestVXLANUnderlayOrder: two dual-stack nodes listing their addresses in
@@ -36,7 +37,7 @@ func TestVXLANUnderlayOrder(t *testing.T) {
 	slices.Reverse(rev)
 	nodes[0].addrs = rev // as its Node object lists them, to peers too
 	for _, n := range nodes {
-		k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: n.addrs})
+		k := newKernel(t, n, kernel.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: n.addrs})
 		st := mustSync(t, k, remotes(n, nodes...))
 		requireInstalled(t, st)
 		for _, s := range st {
@@ -70,10 +71,10 @@ func TestVXLANLocalAddrChange(t *testing.T) {
 	}
 	requireInstalled(t, mustSync(t, k, remotes(n, nodes...)))
 	vx := device(t, n)
-	if !vx.SrcAddr.Equal(n.addrs[0].AsSlice()) || vx.HardwareAddr.String() != routing.MACFor(n.addrs[0]).String() {
-		t.Errorf("after the change: local end %s mac %s, want %s %s", vx.SrcAddr, vx.HardwareAddr, n.addrs[0], routing.MACFor(n.addrs[0]))
+	if !vx.SrcAddr.Equal(n.addrs[0].AsSlice()) || vx.HardwareAddr.String() != kernel.MACFor(n.addrs[0]).String() {
+		t.Errorf("after the change: local end %s mac %s, want %s %s", vx.SrcAddr, vx.HardwareAddr, n.addrs[0], kernel.MACFor(n.addrs[0]))
 	}
-	k2 := newKernel(t, nodes[1], routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: nodes[1].addrs})
+	k2 := newKernel(t, nodes[1], kernel.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: nodes[1].addrs})
 	requireInstalled(t, mustSync(t, k2, remotes(nodes[1], nodes...)))
 	pingAll(t, nodes...)
 }
@@ -105,7 +106,7 @@ func TestVXLAN(t *testing.T) {
 func testVXLAN(t *testing.T, v6 bool) {
 	nodes := lan(t, 3)
 	var before []harness.State
-	var ks []*routing.Kernel
+	var ks []*kernel.Kernel
 	for _, n := range nodes {
 		foreign(t, n)
 		before = append(before, harness.Snapshot(t, n.ns))
@@ -128,7 +129,7 @@ func testVXLAN(t *testing.T, v6 bool) {
 		wantMTU = 1500 - routing.OverheadVXLAN6
 	}
 	if vx.VxlanId != routing.DefaultVXLANVNI || vx.Port != routing.DefaultVXLANPort || vx.Learning ||
-		vx.MTU != wantMTU || vx.HardwareAddr.String() != routing.MACFor(under(n1)).String() ||
+		vx.MTU != wantMTU || vx.HardwareAddr.String() != kernel.MACFor(under(n1)).String() ||
 		!vx.SrcAddr.Equal(under(n1).AsSlice()) {
 		t.Errorf("device: vni %d port %d learning %t mtu %d mac %s local %s", vx.VxlanId, vx.Port, vx.Learning,
 			vx.MTU, vx.HardwareAddr, vx.SrcAddr)
@@ -138,7 +139,7 @@ func testVXLAN(t *testing.T, v6 bool) {
 	}
 	var want []string
 	for _, o := range nodes[1:] {
-		mac := routing.MACFor(under(o))
+		mac := kernel.MACFor(under(o))
 		want = append(want, fmt.Sprintf("fam 7 %s %s", under(o), mac))
 		for _, b := range o.blocks {
 			fam := 2
@@ -236,7 +237,7 @@ func TestRoutedUnderlay(t *testing.T) {
 	settle(t, nodes...)
 	before := harness.Snapshot(t, nodes[0].ns)
 
-	direct := newKernel(t, nodes[0], routing.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: nodes[0].addrs})
+	direct := newKernel(t, nodes[0], kernel.KernelConfig{Mode: routing.ModeDirect, LocalAddrs: nodes[0].addrs})
 	for _, s := range mustSync(t, direct, remotes(nodes[0], nodes...)) {
 		reason := "not on a directly connected network"
 		if s.Block.Addr().Is6() {
@@ -251,7 +252,7 @@ func TestRoutedUnderlay(t *testing.T) {
 	}
 
 	for _, n := range nodes {
-		k := newKernel(t, n, routing.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: n.addrs})
+		k := newKernel(t, n, kernel.KernelConfig{Mode: routing.ModeVXLAN, LocalAddrs: n.addrs})
 		rs := remotes(n, nodes...)
 		// A peer with only an IPv6 address cannot be reached over the
 		// IPv4 underlay.
@@ -324,7 +325,7 @@ func TestModeSwitch(t *testing.T) {
 
 	// A routing daemon (here: by hand) installs node2's IPv4 block in main.
 	addRoute(t, n1.ns, &netlink.Route{Dst: ipNetOf(nodes[1].blocks[0]), Gw: nodes[1].addrs[0].AsSlice()})
-	k := newKernel(t, n1, routing.KernelConfig{})
+	k := newKernel(t, n1, kernel.KernelConfig{})
 	st := mustSync(t, k, remotes(n1, nodes...))
 	if !st[0].Installed || st[0].Via != nodes[1].addrs[0] || st[0].Reason != "" {
 		t.Errorf("export, route in main: %+v", st[0])
@@ -347,7 +348,7 @@ func TestForeignDevice(t *testing.T) {
 	if _, err := newKernel(t, n, vxlanCfg(n, false)).Sync(t.Context(), remotes(n, nodes...)); err == nil || !strings.Contains(err.Error(), "not skein's") {
 		t.Errorf("vxlan sync over a foreign link: %v", err)
 	}
-	if err := newKernel(t, n, routing.KernelConfig{}).Uninstall(); err != nil {
+	if err := newKernel(t, n, kernel.KernelConfig{}).Uninstall(); err != nil {
 		t.Fatal(err)
 	}
 	harness.AssertSame(t, before, harness.Snapshot(t, n.ns))
@@ -364,7 +365,7 @@ func TestOrphanDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orphan := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: routing.DefaultVXLANDevice, HardwareAddr: routing.MACFor(n.addrs[0])},
+	orphan := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: routing.DefaultVXLANDevice, HardwareAddr: kernel.MACFor(n.addrs[0])},
 		VxlanId: 7, VtepDevIndex: ul.Attrs().Index, SrcAddr: n.addrs[0].AsSlice(), Port: 4789}
 	if err := h.LinkAdd(orphan); err != nil {
 		t.Fatal(err)
