@@ -1,6 +1,8 @@
 package keylock
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -97,5 +99,44 @@ func TestMutualExclusion(t *testing.T) {
 	<-got
 	if n := k.Len(); n != 0 {
 		t.Errorf("%d entries remain; want 0", n)
+	}
+}
+
+// Holders take a key in the order they queued for it, and one that gives
+// up (its context ends) lets nobody overtake: the place behind it waits
+// for the one before it.
+func TestFIFOAndGivingUp(t *testing.T) {
+	var k Locks
+	first := k.Queue("a")
+	if err := first.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	quitter := k.Queue("a")
+	third := k.Queue("a")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := quitter.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with an ended context: %v, want context.Canceled", err)
+	}
+	got := make(chan struct{})
+	go func() {
+		_ = third.Wait(context.Background())
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatal("the third place got the key while the first still held it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	first.Unlock()
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the third place never got the key after the first let go")
+	}
+	third.Unlock()
+	third.Unlock() // a second Unlock does nothing
+	if n := k.Len(); n != 0 {
+		t.Fatalf("%d keys tracked after every place is done", n)
 	}
 }

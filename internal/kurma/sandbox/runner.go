@@ -3,7 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"sync"
+
+	"github.com/skeinnet/skein/internal/keylock"
 )
 
 // DefaultMaxParallel is the Runner's cap on calls running at once when the
@@ -23,12 +24,8 @@ type Caller interface {
 type Runner struct {
 	c   Caller
 	sem chan struct{}
-
-	mu sync.Mutex
-	// tails holds, per key, the channel the last queued call closes when
-	// it is done; the next call for the key waits on it. An entry lives
-	// only while a call for its key is queued or running.
-	tails map[string]chan struct{}
+	// keys orders the calls of one key (first come, first served).
+	keys keylock.Locks
 
 	// queued, when set (tests), is called once a call has its place in
 	// its key's queue.
@@ -41,47 +38,22 @@ func NewRunner(c Caller, maxParallel int) *Runner {
 	if maxParallel <= 0 {
 		maxParallel = DefaultMaxParallel
 	}
-	return &Runner{c: c, sem: make(chan struct{}, maxParallel), tails: map[string]chan struct{}{}}
+	return &Runner{c: c, sem: make(chan struct{}, maxParallel)}
 }
 
 // Run waits for key's earlier calls and for a free slot, then runs spec.
 // If ctx ends while it waits, it returns ctx's error without running, and
 // the calls queued behind it still wait for the ones before it.
 func (r *Runner) Run(ctx context.Context, key string, spec Spec) (*Result, error) {
-	// Step 1: take a place in the key's queue.
-	done := make(chan struct{})
-	r.mu.Lock()
-	prev := r.tails[key]
-	r.tails[key] = done
-	r.mu.Unlock()
+	place := r.keys.Queue(key)
 	if r.queued != nil {
 		r.queued(key)
 	}
-	release := func() {
-		close(done)
-		r.mu.Lock()
-		if r.tails[key] == done {
-			delete(r.tails, key)
-		}
-		r.mu.Unlock()
+	if err := place.Wait(ctx); err != nil {
+		return nil, err
 	}
-
-	// Step 2: wait for the call before it. Giving up must not let the
-	// next call overtake that one: hand our place over once it is done.
-	if prev != nil {
-		select {
-		case <-prev:
-		case <-ctx.Done():
-			go func() {
-				<-prev
-				release()
-			}()
-			return nil, fmt.Errorf("wait for earlier calls of %q: %w", key, ctx.Err())
-		}
-	}
-	defer release()
-
-	// Step 3: a slot under the global cap.
+	defer place.Unlock()
+	// A slot under the global cap: a call waiting for its turn holds none.
 	select {
 	case r.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -92,8 +64,4 @@ func (r *Runner) Run(ctx context.Context, key string, spec Spec) (*Result, error
 }
 
 // pending is the number of keys with a call queued or running.
-func (r *Runner) pending() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.tails)
-}
+func (r *Runner) pending() int { return r.keys.Len() }
