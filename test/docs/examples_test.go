@@ -21,6 +21,7 @@ import (
 	"github.com/skeinnet/skein/internal/kurma"
 	"github.com/skeinnet/skein/internal/vm"
 	"github.com/skeinnet/skein/internal/webhook"
+	"github.com/skeinnet/skein/test/skeintest"
 )
 
 // The configuration examples of README.md and docs/ are read by the code
@@ -201,12 +202,7 @@ var (
 // TestSkeindFlags: every --flag a guide shows in a line that runs skeind
 // exists in the built skeind.
 func TestSkeindFlags(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "skeind")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/skeind")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build skeind: %v\n%s", err, out)
-	}
+	bin := filepath.Join(skeintest.Binaries(t), "skeind")
 	help, _ := exec.Command(bin, "--help").CombinedOutput()
 	if !bytes.Contains(help, []byte("--default-pool")) {
 		t.Fatalf("skeind --help shows no flags:\n%s", help)
