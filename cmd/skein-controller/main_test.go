@@ -5,14 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,7 +22,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
-	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/kubenode"
 )
 
 func TestFlagCheck(t *testing.T) {
@@ -123,68 +119,19 @@ func grantControllerRole(t *testing.T, c client.Client) {
 	}
 }
 
-// controllerProc is a running skein-controller binary.
-type controllerProc struct {
-	cmd     *exec.Cmd
-	metrics string // http://127.0.0.1:port/metrics
-	log     string
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startBinary runs skein-controller against env with a short Lease and
+// startBinary runs skein-controller against env (kubenode.StartController)
+// with a short Lease in the test's namespace and quick GC and status, and
 // waits until its health endpoint answers.
-func startBinary(t *testing.T, env *kube.Env, name string) *controllerProc {
+func startBinary(t *testing.T, env *kube.Env, name string) *kubenode.Controller {
 	t.Helper()
 	kc, err := env.WriteKubeconfig(controllerUser)
 	if err != nil {
 		t.Fatal(err)
 	}
-	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
-	p := &controllerProc{metrics: "http://" + metricsAddr + "/metrics", log: filepath.Join(t.TempDir(), name+".log")}
-	logf, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	p.cmd = exec.Command(filepath.Join(skeintest.Binaries(t), "skein-controller"),
-		"--kubeconfig", kc, "--metrics-addr", metricsAddr, "--health-addr", healthAddr,
+	return kubenode.StartController(t, kc, name,
 		"--leader-elect-namespace", namespace, "--lease-namespace", namespace, "--leader-elect-lease-duration", "3s",
-		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms", "--gc-interval", "2s",
-		"--node-gc-grace", "2s", "--pool-status-interval", "1s", "--webhook-port", "0")
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		p.cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
-			t.Logf("log of %s:\n%s", name, b)
-		}
-	})
-	waitFor(t, name+" healthy", func() string {
-		resp, err := http.Get("http://" + healthAddr + "/healthz")
-		if err != nil {
-			return err.Error()
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return resp.Status
-		}
-		return ""
-	})
-	return p
+		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms",
+		"--node-gc-grace", "2s", "--pool-status-interval", "1s")
 }
 
 func waitFor(t *testing.T, what string, cond func() string) {
@@ -204,11 +151,11 @@ func waitFor(t *testing.T, what string, cond func() string) {
 
 // scrape returns the samples of p's metrics endpoint whose names start
 // with skein_, as "name{labels}" → value.
-func (p *controllerProc) scrape(t *testing.T) map[string]string {
+func scrape(t *testing.T, p *kubenode.Controller) map[string]string {
 	t.Helper()
-	resp, err := http.Get(p.metrics)
+	resp, err := http.Get(p.Metrics)
 	if err != nil {
-		t.Fatalf("scrape %s: %v", p.metrics, err)
+		t.Fatalf("scrape %s: %v", p.Metrics, err)
 	}
 	defer resp.Body.Close()
 	m := map[string]string{}
@@ -372,7 +319,7 @@ func TestBinary(t *testing.T) {
 		`skein_pool_status_writes_total`:                    "",
 	}
 	waitFor(t, "the leader's metrics", func() string {
-		got := a.scrape(t)
+		got := scrape(t, a)
 		for k, v := range want {
 			if g, ok := got[k]; !ok || (v != "" && g != v) {
 				return fmt.Sprintf("%s = %q (present %v), want %q", k, g, ok, v)
@@ -380,7 +327,7 @@ func TestBinary(t *testing.T) {
 		}
 		return ""
 	})
-	if got := b.scrape(t)[`skein_pool_status_writes_total`]; got != "0" {
+	if got := scrape(t, b)[`skein_pool_status_writes_total`]; got != "0" {
 		t.Errorf("the standby wrote pool status %s times", got)
 	}
 
@@ -401,7 +348,7 @@ func TestBinary(t *testing.T) {
 		if n := nodeBlocks(t, c, "bin-n1"); n != 2 {
 			t.Fatalf("bin-n1, alive without its Node, has %d blocks, want 2", n)
 		}
-		if g := a.scrape(t)[`skein_gc_deferred_total`]; g == "" || g == "0" {
+		if g := scrape(t, a)[`skein_gc_deferred_total`]; g == "" || g == "0" {
 			return fmt.Sprintf("skein_gc_deferred_total %q", g)
 		}
 		return ""
@@ -412,9 +359,7 @@ func TestBinary(t *testing.T) {
 	for i := uint32(8); i < 8+n; i++ {
 		claim(t, c, pool, i, fmt.Sprintf("bin-n%d", 2+i%2))
 		if i == 8+n/2 {
-			if err := a.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
+			a.Kill(t)
 		}
 	}
 	killed := time.Now()
@@ -430,7 +375,7 @@ func TestBinary(t *testing.T) {
 		if got := allocated(); got != total {
 			return fmt.Sprintf("status: %d blocks, want %d", got, total)
 		}
-		if g := b.scrape(t)[`skein_pool_blocks_allocated{pool="bin"}`]; g != fmt.Sprint(total) {
+		if g := scrape(t, b)[`skein_pool_blocks_allocated{pool="bin"}`]; g != fmt.Sprint(total) {
 			return fmt.Sprintf("blocks allocated %q", g)
 		}
 		return ""
@@ -458,9 +403,9 @@ func TestBinary(t *testing.T) {
 	})
 
 	// The permissions granted were enough for everything done.
-	for _, p := range []*controllerProc{a, b} {
-		if log, _ := os.ReadFile(p.log); strings.Contains(string(log), "forbidden") {
-			t.Errorf("%s was refused something:\n%s", p.log, log)
+	for _, p := range []*kubenode.Controller{a, b} {
+		if log, _ := os.ReadFile(p.Log); strings.Contains(string(log), "forbidden") {
+			t.Errorf("%s was refused something:\n%s", p.Log, log)
 		}
 	}
 }

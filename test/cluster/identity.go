@@ -39,7 +39,7 @@ func InstallIdentity(t testing.TB, admin client.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, file := range []string{"namespace.yaml", "skeind-rbac.yaml", "skeind-policy.yaml"} {
-		for _, o := range manifests(t, file) {
+		for _, o := range Manifests(t, file) {
 			if err := admin.Create(ctx, o); err != nil {
 				t.Fatalf("create %s %s from %s: %v", o.GetKind(), o.GetName(), file, err)
 			}
@@ -47,8 +47,9 @@ func InstallIdentity(t testing.TB, admin client.Client) {
 	}
 }
 
-// manifests decodes every object of deploy/kubernetes/<file>.
-func manifests(t testing.TB, file string) []*unstructured.Unstructured {
+// Manifests decodes every object of deploy/kubernetes/<file> (a path
+// below it): the shipped files are what the tests run against.
+func Manifests(t testing.TB, file string) []*unstructured.Unstructured {
 	t.Helper()
 	root, err := moduleRoot()
 	if err != nil {

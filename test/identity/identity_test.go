@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/test/cluster"
 	"github.com/skeinnet/skein/test/kube"
 )
 
@@ -99,9 +100,9 @@ func TestNodeIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	create(ctx, t, admin, manifests(t, "namespace.yaml"))
-	create(ctx, t, admin, manifests(t, "skeind-rbac.yaml"))
-	bindings, policies := split(manifests(t, "skeind-policy.yaml"))
+	create(ctx, t, admin, cluster.Manifests(t, "namespace.yaml"))
+	create(ctx, t, admin, cluster.Manifests(t, "skeind-rbac.yaml"))
+	bindings, policies := split(cluster.Manifests(t, "skeind-policy.yaml"))
 	if len(bindings) == 0 || len(policies) == 0 {
 		t.Fatalf("skeind-policy.yaml holds %d bindings and %d other objects", len(bindings), len(policies))
 	}

@@ -1,53 +1,16 @@
 package identity
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
-
-// manifests decodes every object of deploy/kubernetes/<file>: the shipped
-// files are what is tested.
-func manifests(t *testing.T, file string) []*unstructured.Unstructured {
-	t.Helper()
-	path := filepath.Join("..", "..", "deploy", "kubernetes", file)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*unstructured.Unstructured
-	d := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	for {
-		var m map[string]any
-		err := d.Decode(&m)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("decode %s: %v", path, err)
-		}
-		if len(m) == 0 {
-			continue // an empty document
-		}
-		out = append(out, &unstructured.Unstructured{Object: m})
-	}
-	if len(out) == 0 {
-		t.Fatalf("no objects in %s", path)
-	}
-	return out
-}
 
 // split separates the policy bindings from the rest of objs.
 func split(objs []*unstructured.Unstructured) (bindings, rest []*unstructured.Unstructured) {

@@ -5,9 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"os"
@@ -24,7 +22,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -32,6 +29,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/kubestore"
+	"github.com/skeinnet/skein/test/cluster"
 	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -42,40 +40,13 @@ const (
 	account   = "skeind"
 )
 
-// manifests decodes every object of deploy/kubernetes/<file>: the shipped
-// files are what the benchmark runs against.
-func manifests(tb testing.TB, file string) []*unstructured.Unstructured {
-	tb.Helper()
-	path := filepath.Join("..", "..", "deploy", "kubernetes", file)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var out []*unstructured.Unstructured
-	d := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	for {
-		var m map[string]any
-		err := d.Decode(&m)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			tb.Fatalf("decode %s: %v", path, err)
-		}
-		if len(m) > 0 {
-			out = append(out, &unstructured.Unstructured{Object: m})
-		}
-	}
-	return out
-}
-
 // apply creates the objects of deploy/kubernetes/<files> as the admin and
 // returns them as created.
 func apply(ctx context.Context, tb testing.TB, c client.Client, files ...string) []*unstructured.Unstructured {
 	tb.Helper()
 	var out []*unstructured.Unstructured
 	for _, f := range files {
-		for _, o := range manifests(tb, f) {
+		for _, o := range cluster.Manifests(tb, f) {
 			if err := c.Create(ctx, o); err != nil {
 				tb.Fatalf("%s: create %s %s: %v", f, o.GetKind(), o.GetName(), err)
 			}
@@ -167,7 +138,7 @@ func startController(tb testing.TB, env *kube.Env, qps, webhookPort int) *contro
 // 127.0.0.1 too). skein-controller fills in caBundle when it starts.
 func webhookConfig(ctx context.Context, tb testing.TB, c client.Client, port int) {
 	tb.Helper()
-	for _, o := range manifests(tb, filepath.Join("webhook", "validatingwebhookconfiguration.yaml")) {
+	for _, o := range cluster.Manifests(tb, filepath.Join("webhook", "validatingwebhookconfiguration.yaml")) {
 		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
 		for i, h := range hooks {
 			hm := h.(map[string]any)
