@@ -8,7 +8,6 @@ package main
 // /sys and hide the cgroups from it).
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // pluginDir is where dockerd discovers plugin sockets (not configurable).
@@ -32,12 +32,7 @@ const pluginDir = "/run/docker/plugins"
 const image = "skein/busybox"
 
 // dockerCLI prefers a newer client in /usr/local/bin; both speak API 1.41.
-func dockerCLI() string {
-	if _, err := os.Stat("/usr/local/bin/docker"); err == nil {
-		return "/usr/local/bin/docker"
-	}
-	return "docker"
-}
+func dockerCLI() string { return tools.DockerCLI() }
 
 // dockerMissing says why the Docker part cannot run, or "".
 func dockerMissing() string {
@@ -144,12 +139,7 @@ func (d *demo) startDockerd(ctx context.Context, c *cleanup) (*dockerEngine, err
 	if err != nil {
 		return nil, err
 	}
-	cmd := ownGroup(exec.Command("dockerd",
-		"--data-root", filepath.Join(dir, "data"),
-		"--exec-root", filepath.Join(dir, "exec"),
-		"--pidfile", filepath.Join(dir, "docker.pid"),
-		"-H", "unix://"+e.sock,
-		"--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false"))
+	cmd := ownGroup(exec.Command("dockerd", tools.DockerdArgs(dir, e.sock)...))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	start := time.Now()
 	if err := netns.Do(d.node, cmd.Start); err != nil {
@@ -190,33 +180,15 @@ func (d *demo) startDockerd(ctx context.Context, c *cleanup) (*dockerEngine, err
 	return nil, fmt.Errorf("dockerd did not answer within 60s:\n%s", tailFile(logf.Name(), 20))
 }
 
-// importImage gives the engine a busybox image: /bin/busybox and one
-// symlink per applet (but "busybox" itself, which would replace the
-// binary), PATH=/bin.
+// importImage gives the engine the busybox image (tools.LoadBusybox:
+// /bin/busybox and one symlink per applet, PATH=/bin).
 func (e *dockerEngine) importImage(ctx context.Context) error {
-	bb, err := os.ReadFile("/bin/busybox")
+	bb, err := tools.LoadBusybox()
 	if err != nil {
-		return err
-	}
-	list, err := exec.Command("/bin/busybox", "--list").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list: %w", err)
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
-	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))})
-	tw.Write(bb)
-	for _, a := range strings.Fields(string(list)) {
-		if a != "busybox" {
-			tw.WriteHeader(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
-		}
-	}
-	if err := tw.Close(); err != nil {
 		return err
 	}
 	cmd := exec.CommandContext(ctx, dockerCLI(), "-H", "unix://"+e.sock, "import", "--change", "ENV PATH=/bin", "-", image)
-	cmd.Stdin = &buf
+	cmd.Stdin = bytes.NewReader(bb.Tar)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("docker import: %w\n%s", err, out)
 	}

@@ -41,15 +41,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/test/tools"
 )
-
-// kernelCache is where scripts/deps.d/vm.sh extracts the Debian kernel.
-func kernelCache() string {
-	if d := os.Getenv("SKEIN_KERNEL_CACHE"); d != "" {
-		return d
-	}
-	return "/var/cache/skein/kernel"
-}
 
 // virtioModules are what the guest loads, in order, to get its NIC.
 var virtioModules = []string{"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "failover", "net_failover", "virtio_net"}
@@ -70,7 +63,7 @@ func findGuest() (*guest, string) {
 	if g.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
 		return nil, "qemu-system-x86_64 is not installed (scripts/install-deps.sh demo installs qemu-system-x86)"
 	}
-	cache := filepath.Join(kernelCache(), "current")
+	cache := filepath.Join(tools.KernelCache(), "current")
 	ks, _ := filepath.Glob(filepath.Join(cache, "boot", "vmlinuz-*"))
 	if len(ks) == 0 {
 		return nil, fmt.Sprintf("no Debian kernel is cached under %s (scripts/install-deps.sh demo downloads it)", cache)

@@ -18,6 +18,7 @@ import (
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // nodeAddr is an address of the node itself (on its lo) that containers ping.
@@ -47,12 +48,7 @@ type env struct {
 }
 
 // dockerCLI prefers the newer client; both speak API 1.41.
-func dockerCLI() string {
-	if _, err := os.Stat("/usr/local/bin/docker"); err == nil {
-		return "/usr/local/bin/docker"
-	}
-	return "docker"
-}
+func dockerCLI() string { return tools.DockerCLI() }
 
 func requireDocker(t testing.TB) {
 	t.Helper()
@@ -99,12 +95,7 @@ func newEnv(t testing.TB) *env {
 func (e *env) startDockerd(t testing.TB) {
 	t.Helper()
 	e.dlog = &bytes.Buffer{}
-	e.dockerd = exec.Command("dockerd",
-		"--data-root", filepath.Join(e.dir, "data"),
-		"--exec-root", filepath.Join(e.dir, "exec"),
-		"--pidfile", filepath.Join(e.dir, "docker.pid"),
-		"-H", "unix://"+e.sock,
-		"--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false")
+	e.dockerd = exec.Command("dockerd", tools.DockerdArgs(e.dir, e.sock)...)
 	e.dockerd.Stdout, e.dockerd.Stderr = e.dlog, e.dlog
 	if err := e.node.Do(e.dockerd.Start); err != nil {
 		t.Fatalf("start dockerd in %s: %v", e.node.Name(), err)

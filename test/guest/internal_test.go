@@ -8,12 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // testKernel is the cached kernel, or a skip naming where it should be.
 func testKernel(t *testing.T) *Kernel {
 	t.Helper()
-	root := filepath.Join(kernelCacheDir(), "current")
+	root := filepath.Join(tools.KernelCache(), "current")
 	k, err := cachedKernel(root)
 	if err != nil {
 		t.Skipf("skipping: no cached Debian kernel under %s (make deps downloads it): %v", root, err)

@@ -11,17 +11,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
-)
 
-// kernelCacheDir is where scripts/deps.d/vm.sh extracts the Debian kernel
-// (SKEIN_KERNEL_CACHE overrides it, as for test/vm); "current" names the
-// version in use.
-func kernelCacheDir() string {
-	if d := os.Getenv("SKEIN_KERNEL_CACHE"); d != "" {
-		return d
-	}
-	return "/var/cache/skein/kernel"
-}
+	"github.com/skeinnet/skein/test/tools"
+)
 
 // Kernel is a cached Debian kernel: its image and its modules, indexed by
 // name. The package has no modules.dep (the tree is extracted from the
@@ -258,5 +250,5 @@ func readModinfo(path string) (modinfo, error) {
 // CurrentKernel is the cached kernel scripts/deps.d/vm.sh installed
 // (<cache>/current), indexed once per process.
 func CurrentKernel() (*Kernel, error) {
-	return cachedKernel(filepath.Join(kernelCacheDir(), "current"))
+	return cachedKernel(filepath.Join(tools.KernelCache(), "current"))
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // Run builds cfg.Package's tests as a static binary, boots the cached
@@ -37,7 +38,7 @@ func Run(t testing.TB, cfg Config) *Result {
 	if _, err := os.Stat(skeintest.Busybox); err != nil {
 		t.Skipf("skipping: %s is missing (Debian busybox-static; make deps installs it): the guest's userland", skeintest.Busybox)
 	}
-	kroot := filepath.Join(kernelCacheDir(), "current")
+	kroot := filepath.Join(tools.KernelCache(), "current")
 	kernel, err := cachedKernel(kroot)
 	if errors.Is(err, os.ErrNotExist) {
 		t.Skipf("skipping: no cached Debian kernel under %s (make deps, i.e. scripts/deps.d/vm.sh, downloads it): %v", kroot, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // DockerImage is the busybox image a node's dockerd gets (docker import).
@@ -49,12 +50,7 @@ func DockerPrerequisites() string {
 }
 
 // dockerCLI prefers a newer client in /usr/local/bin; both speak API 1.41.
-func dockerCLI() string {
-	if _, err := os.Stat("/usr/local/bin/docker"); err == nil {
-		return "/usr/local/bin/docker"
-	}
-	return "docker"
-}
+func dockerCLI() string { return tools.DockerCLI() }
 
 // StartDockerd starts dockerd in the node's namespaces (no bridge, no
 // iptables: the node's network is skein's) with DockerImage imported,

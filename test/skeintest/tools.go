@@ -1,7 +1,6 @@
 package skeintest
 
 import (
-	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -9,11 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // RequireTool returns the path of an external program the test drives, or
@@ -29,55 +27,17 @@ func RequireTool(t testing.TB, name string) string {
 
 // Busybox is the static busybox (Debian's busybox-static) every test image
 // and test root filesystem is made of.
-const Busybox = "/bin/busybox"
+const Busybox = tools.BusyboxPath
 
-// busyboxDirs are the directories of a test root filesystem.
-var busyboxDirs = []string{"bin", "proc", "sys", "dev", "etc", "tmp"}
-
-var (
-	bbOnce    sync.Once
-	bbData    []byte
-	bbApplets []string
-	bbTar     []byte
-	bbErr     error
-)
-
-// loadBusybox reads the binary and its applet list once per test process,
-// and builds the image tar from them.
-func loadBusybox(t testing.TB) {
+// loadBusybox is tools.LoadBusybox, skipping the test when busybox is not
+// usable.
+func loadBusybox(t testing.TB) *tools.Busybox {
 	t.Helper()
-	bbOnce.Do(func() {
-		out, err := exec.Command(Busybox, "--list").Output()
-		if err != nil {
-			bbErr = err
-			return
-		}
-		for _, a := range strings.Fields(string(out)) {
-			// The applet named busybox would replace the binary with a
-			// link to itself.
-			if a != "busybox" && !strings.Contains(a, "/") {
-				bbApplets = append(bbApplets, a)
-			}
-		}
-		if bbData, bbErr = os.ReadFile(Busybox); bbErr != nil {
-			return
-		}
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		for _, d := range busyboxDirs {
-			_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755})
-		}
-		_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755, Size: int64(len(bbData))})
-		_, _ = tw.Write(bbData)
-		for _, a := range bbApplets {
-			_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777})
-		}
-		bbErr = tw.Close()
-		bbTar = buf.Bytes()
-	})
-	if bbErr != nil {
-		t.Skipf("skipping: %s (Debian busybox-static) is not usable: %v", Busybox, bbErr)
+	bb, err := tools.LoadBusybox()
+	if err != nil {
+		t.Skipf("skipping: %s (Debian busybox-static) is not usable: %v", Busybox, err)
 	}
+	return bb
 }
 
 // BusyboxTar is a root filesystem as a tar stream for `docker import` or
@@ -87,24 +47,23 @@ func loadBusybox(t testing.TB) {
 // the test if busybox is not usable.
 func BusyboxTar(t testing.TB) []byte {
 	t.Helper()
-	loadBusybox(t)
-	return bbTar
+	return loadBusybox(t).Tar
 }
 
 // BusyboxRootfs writes the same root filesystem into dir, for runtimes that
 // take a directory (ctr run --rootfs).
 func BusyboxRootfs(t testing.TB, dir string) {
 	t.Helper()
-	loadBusybox(t)
-	for _, d := range busyboxDirs {
+	bb := loadBusybox(t)
+	for _, d := range bb.Dirs {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bbData, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb.Data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range bbApplets {
+	for _, a := range bb.Applets {
 		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil && !os.IsExist(err) {
 			t.Fatal(err)
 		}

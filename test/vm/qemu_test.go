@@ -15,15 +15,8 @@ import (
 	"github.com/skeinnet/skein/test/guest"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/tools"
 )
-
-// kernelCache is where scripts/deps.d/vm.sh extracts the Debian kernel.
-func kernelCache() string {
-	if d := os.Getenv("SKEIN_KERNEL_CACHE"); d != "" {
-		return d
-	}
-	return "/var/cache/skein/kernel"
-}
 
 // virtioModules are what the guest loads, in order, to get its NIC.
 var virtioModules = []string{"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "failover", "net_failover", "virtio_net"}
@@ -52,7 +45,7 @@ poweroff -f
 // guestFiles finds the cached kernel and the virtio modules, or skips.
 func guestFiles(t *testing.T) (kernel string, modules map[string]string) {
 	t.Helper()
-	cache := filepath.Join(kernelCache(), "current")
+	cache := filepath.Join(tools.KernelCache(), "current")
 	ks, _ := filepath.Glob(filepath.Join(cache, "boot", "vmlinuz-*"))
 	if len(ks) == 0 {
 		t.Skipf("skipping: no Debian kernel under %s (scripts/install-deps.sh downloads it)", cache)
