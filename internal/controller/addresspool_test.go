@@ -17,6 +17,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/kubenode"
 )
 
 func TestAddressPoolStatus(t *testing.T) {
@@ -28,7 +29,7 @@ func TestAddressPoolStatus(t *testing.T) {
 	ctx := context.Background()
 	startAll(t, env, Options{PoolStatusInterval: time.Second})
 	// Without the Node, its blocks would be garbage.
-	newNode(t, c, "n1")
+	kubenode.CreateNode(t, c, "n1")
 	// Three blocks.
 	p := newPool("status", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.100.0.0/27")}, skeinv1.SubnetSet{IPv4: ptr.To("10.100.1.0/26")})
 	if err := c.Create(ctx, p); err != nil {
@@ -83,7 +84,7 @@ func TestPoolDeletion(t *testing.T) {
 	const interval = 5 * time.Second
 	startAll(t, env, Options{PoolStatusInterval: interval})
 	for _, n := range []string{"n1", "n2"} {
-		newNode(t, c, n)
+		kubenode.CreateNode(t, c, n)
 	}
 	if err := c.Create(ctx, newPool("doomed", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.103.0.0/24")})); err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func TestPoolStatusBurst(t *testing.T) {
 	ctx := context.Background()
 	const interval = 2 * time.Second
 	startAll(t, env, Options{PoolStatusInterval: interval})
-	newNode(t, c, "burst-n")
+	kubenode.CreateNode(t, c, "burst-n")
 	if err := c.Create(ctx, newPool("burst", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.120.0.0/16")})); err != nil { // 2048 blocks
 		t.Fatal(err)
 	}

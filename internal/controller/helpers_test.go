@@ -67,15 +67,6 @@ func poolState(p *skeinv1.AddressPool) string {
 	return fmt.Sprintf("%d/%d %s %s", p.Status.BlocksAllocated, p.Status.BlocksTotal, cond(PoolReady), cond(PoolExhausted))
 }
 
-func newNode(t *testing.T, c client.Client, name string) *corev1.Node {
-	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := c.Create(context.Background(), n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // makeBlock is block idx of pool as a node's skeind claims it: named
 // <pool>-<idx>, owned by node (nodeName), labelled with both, owned by
 // the pool, held by FinalizerBlock. oldProtocol makes it as the retired

@@ -20,6 +20,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/kubenode"
 )
 
 // electedManager is a manager running every reconciler under leader
@@ -108,7 +109,7 @@ func TestLeaderElection(t *testing.T) {
 	leaseNamespace(t, c)
 	const nodes = 5
 	for i := range nodes {
-		newNode(t, c, fmt.Sprintf("le-n%d", i))
+		kubenode.CreateNode(t, c, fmt.Sprintf("le-n%d", i))
 	}
 
 	a := startElected(t, env, "ctrl-a")

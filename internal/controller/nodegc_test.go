@@ -16,6 +16,7 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/kubenode"
 )
 
 // gcEnv is an API server with a pool "gc" (256 blocks of 32), the lease
@@ -64,14 +65,14 @@ func TestNodeGCLiveNode(t *testing.T) {
 	c := gcEnv(t, Options{NodeGCGrace: grace, GCInterval: 500 * time.Millisecond})
 	ctx := context.Background()
 	nodes := map[string]time.Duration{"live": 0, "skewed": -5 * time.Minute} // node → its clock's error
-	newNode(t, c, "other")
+	kubenode.CreateNode(t, c, "other")
 
 	// The nodes' skeinds: renew their Leases every 300 ms until stopped.
 	var mu sync.Mutex
 	renewed := time.Now()
 	var leases []*coordinationv1.Lease
 	for n, skew := range nodes {
-		newNode(t, c, n)
+		kubenode.CreateNode(t, c, n)
 		leases = append(leases, renewLease(t, c, n, renewed.Add(skew), leaseFor))
 	}
 	stop := make(chan struct{})
@@ -194,7 +195,7 @@ func TestNodeGCWithoutLease(t *testing.T) {
 	startAll(t, env, Options{NodeGCGrace: grace, GCInterval: 500 * time.Millisecond})
 
 	// A node that crashed before its first renewal, its Node deleted.
-	crashed := newNode(t, c, "crashed")
+	crashed := kubenode.CreateNode(t, c, "crashed")
 	blk := makeBlock(t, c, "gc", 0, "crashed", false)
 	if err := c.Delete(ctx, crashed); err != nil {
 		t.Fatal(err)
@@ -232,7 +233,7 @@ func TestNodeGCRequests(t *testing.T) {
 	const maxAge = 5 * time.Second
 	c := gcEnv(t, Options{RequestMaxAge: maxAge})
 	ctx := context.Background()
-	newNode(t, c, "here")
+	kubenode.CreateNode(t, c, "here")
 	young := request(c, t, "here", "gc")
 	orphan := request(c, t, "gone", "gc")
 	eventually(t, "the request of a missing Node", func() string {
@@ -284,7 +285,7 @@ func TestNodeGCSweep(t *testing.T) {
 	if err := c.Create(ctx, newPool("sweep", 5, skeinv1.SubnetSet{IPv4: ptr.To("10.106.0.0/24")})); err != nil {
 		t.Fatal(err)
 	}
-	newNode(t, c, "alive")
+	kubenode.CreateNode(t, c, "alive")
 	renewLease(t, c, "nodeless", time.Now().Add(time.Hour), 40*time.Second) // runs without a Node
 	for i, node := range []string{"alive", "gone", "nodeless", "gone"} {
 		makeBlock(t, c, "sweep", uint32(i), node, i == 3)
