@@ -27,11 +27,13 @@ var WatchedDirs = []string{
 // trust key to /etc/docker/key.json, containerd's shims put their sockets
 // under /run/containerd/s, cnitool caches results under /var/lib/cni/results
 // (not configurable; the tests delete their own entries), and podman's CNI
-// backend leaves its lock in /etc/cni/net.d. A machine where they ran
-// before keeps them; a fresh one did not have them. Deepest first:
-// TidyFirstRun removes them in this order.
+// backend leaves its lock in /etc/cni/net.d, and skeind serving Docker
+// makes /run/docker/plugins for its socket (dockerd's own first start
+// would). A machine where they ran before keeps them; a fresh one did not
+// have them. Deepest first: TidyFirstRun removes them in this order.
 var FirstRunPaths = []string{
 	"/etc/docker/key.json", "/etc/docker",
+	"/run/docker/plugins", "/run/docker",
 	"/run/containerd/s", "/run/containerd",
 	"/var/lib/cni/results", "/var/lib/cni",
 	"/etc/cni/net.d/cni.lock",
