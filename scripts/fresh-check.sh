@@ -21,7 +21,8 @@
 #      (a warm developer machine hid both from the checks before): the
 #      first-run state of Docker, containerd and CNI (FIRST_RUN_PATHS below:
 #      moved aside into the temporary directory, and put back afterwards —
-#      a run that leaves any of them behind fails), and the nftables
+#      a run that leaves any of them behind fails; DEPS_PATHS, which
+#      `make deps` makes on purpose, are moved aside too), and the nftables
 #      package (`apt-get remove`, so that the run's own `make deps` must
 #      install it; installed again at the end if the run did not).
 #
@@ -51,8 +52,11 @@ esac
 # What a machine where Docker, containerd and no CNI plugin ever ran does
 # not have, and which their first start writes (dockerd's trust key,
 # containerd's shim directory, the CNI result cache, ...).
-FIRST_RUN_PATHS=(/etc/docker/key.json /var/lib/docker /run/docker /var/lib/containerd
+FIRST_RUN_PATHS=(/etc/docker/key.json /var/lib/docker /var/lib/containerd
   /run/containerd /var/lib/cni /run/skein)
+# Made absent too, but `make deps` creates them on purpose (the plugin
+# directory dockerd would make at its first start): a run may leave them.
+DEPS_PATHS=(/run/docker)
 if [ "$(id -u)" != 0 ]; then
   echo "fresh-check: run as root (the tests create namespaces)" >&2
   exit 1
@@ -87,7 +91,7 @@ aside=$work/aside
 had_nft=no
 first_run_absent() {
   mkdir -p "$aside"
-  for p in "${FIRST_RUN_PATHS[@]}"; do
+  for p in "${FIRST_RUN_PATHS[@]}" "${DEPS_PATHS[@]}"; do
     if [ -e "$p" ]; then
       mkdir -p "$aside$(dirname "$p")"
       mv "$p" "$aside$p"
@@ -108,6 +112,12 @@ first_run_back() {
       mv "$aside$p" "$p"
     elif [ -e "$p" ]; then
       left+=("$p")
+    fi
+  done
+  for p in "${DEPS_PATHS[@]}"; do
+    if [ -e "$aside$p" ]; then
+      rm -rf "$p"
+      mv "$aside$p" "$p"
     fi
   done
   if [ $had_nft = yes ] && ! command -v nft >/dev/null; then

@@ -58,7 +58,10 @@ func (d *Daemon) startPods(ctx context.Context) error {
 	d.pods, err = kurma.NewManager(kurma.Options{
 		Store:          d.st,
 		Images:         imgs,
-		SandboxOptions: sandbox.Options{NodeNetNS: d.dpConfig.NodeNetNS},
+		// The plugins' scratch space lives beside skeind's socket (its run
+		// directory: /run/skein/sandbox by default), so that a skeind given
+		// a socket elsewhere, as every test's is, keeps it there too.
+		SandboxOptions: sandbox.Options{NodeNetNS: d.dpConfig.NodeNetNS, ScratchDir: filepath.Join(filepath.Dir(d.cfg.Socket), "sandbox")},
 		StateDir:       filepath.Join(d.cfg.StateDir, "pod-networks"),
 		Pools:          podPools{d},
 		CheckNetNS:     d.checkPodNetNS,
