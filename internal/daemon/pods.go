@@ -56,8 +56,8 @@ func (d *Daemon) startPods(ctx context.Context) error {
 		return fmt.Errorf("plugin image cache: %w", err)
 	}
 	d.pods, err = kurma.NewManager(kurma.Options{
-		Store:          d.st,
-		Images:         imgs,
+		Store:  d.st,
+		Images: imgs,
 		// The plugins' scratch space lives beside skeind's socket (its run
 		// directory: /run/skein/sandbox by default), so that a skeind given
 		// a socket elsewhere, as every test's is, keeps it there too.
