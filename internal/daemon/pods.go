@@ -55,13 +55,14 @@ func (d *Daemon) startPods(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("plugin image cache: %w", err)
 	}
+	// The plugins' scratch space lives beside skeind's socket (its run
+	// directory: /run/skein/sandbox by default), so that a skeind given a
+	// socket elsewhere, as every test's is, keeps it there too.
+	scratch := filepath.Join(filepath.Dir(d.cfg.Socket), "sandbox")
 	d.pods, err = kurma.NewManager(kurma.Options{
-		Store:  d.st,
-		Images: imgs,
-		// The plugins' scratch space lives beside skeind's socket (its run
-		// directory: /run/skein/sandbox by default), so that a skeind given
-		// a socket elsewhere, as every test's is, keeps it there too.
-		SandboxOptions: sandbox.Options{NodeNetNS: d.dpConfig.NodeNetNS, ScratchDir: filepath.Join(filepath.Dir(d.cfg.Socket), "sandbox")},
+		Store:          d.st,
+		Images:         imgs,
+		SandboxOptions: sandbox.Options{NodeNetNS: d.dpConfig.NodeNetNS, ScratchDir: scratch},
 		StateDir:       filepath.Join(d.cfg.StateDir, "pod-networks"),
 		Pools:          podPools{d},
 		CheckNetNS:     d.checkPodNetNS,
