@@ -258,3 +258,64 @@ func TestMakeTargets(t *testing.T) {
 		t.Fatalf("found %d make commands in the guides; the check reads too little", n)
 	}
 }
+
+var (
+	inlineCodeRE = regexp.MustCompile("`(skeinctl [^`]*)`")
+	wordRE       = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+)
+
+// TestSkeinctlCommands: every skeinctl command a guide shows (in inline
+// code or at the start of a line of an example block) names subcommands
+// the built skeinctl has.
+func TestSkeinctlCommands(t *testing.T) {
+	bin := filepath.Join(skeintest.Binaries(t), "skeinctl")
+	var shown []string
+	files, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	files = append(files, filepath.Join(root, "README.md"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range inlineCodeRE.FindAllStringSubmatch(string(b), -1) {
+			shown = append(shown, m[1])
+		}
+	}
+	for _, bl := range blocks(t) {
+		for _, line := range strings.Split(bl.text, "\n") {
+			if l := strings.TrimSpace(line); strings.HasPrefix(l, "skeinctl ") {
+				shown = append(shown, l)
+			}
+		}
+	}
+	if len(shown) < 5 {
+		t.Fatalf("found %d skeinctl commands in the guides; the check reads too little", len(shown))
+	}
+	help := func(path []string) (string, bool) {
+		out, _ := exec.Command(bin, append(slices.Clone(path), "--help")...).CombinedOutput()
+		return string(out), strings.Contains(string(out), "skeinctl "+strings.Join(path, " ")+" ") ||
+			strings.Contains(string(out), "skeinctl "+strings.Join(path, " ")+"\n")
+	}
+	for _, cmd := range shown {
+		var words []string
+		for _, w := range strings.Fields(cmd)[1:] {
+			if !wordRE.MatchString(w) {
+				break
+			}
+			words = append(words, w)
+		}
+		// The longest prefix that is a command; the word after it may be
+		// an argument only when that command has no subcommands.
+		n := len(words)
+		out, ok := help(words[:n])
+		for ; n > 0 && !ok; n-- {
+			out, ok = help(words[:n-1])
+		}
+		switch {
+		case n == 0 || len(words) == 0:
+			t.Errorf("the guides show `%s`: skeinctl has no command %q", cmd, strings.Join(words, " "))
+		case n < len(words) && strings.Contains(out, "Available Commands:"):
+			t.Errorf("the guides show `%s`: skeinctl %s has no subcommand %q", cmd, strings.Join(words[:n], " "), words[n])
+		}
+	}
+}
