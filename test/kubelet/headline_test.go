@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -92,8 +94,16 @@ func TestKubeletHeadline(t *testing.T) {
 
 	// Docker on node 1, on the cluster's pool.
 	d := n1.StartDockerd(t)
-	d.MustDocker(t, "network", "create", "-d", "skein", "--ipam-driver", "skein", "--ipv6", "--ipam-opt", "skein.pool=default", "kubenet")
-	d.MustDocker(t, "run", "-d", "--name", "ctr1", "--net", "kubenet", DockerImage, "sleep", "100000")
+	// As docs/kubernetes.md tells a reader to: its two commands as written
+	// (the container named, the image the node has).
+	create, run := guideDockerCommands(t)
+	d.MustDocker(t, create...)
+	for i, a := range run {
+		if a == "busybox" {
+			run[i] = DockerImage
+		}
+	}
+	d.MustDocker(t, append([]string{"run", "--name", "ctr1"}, run[1:]...)...)
 	t.Cleanup(func() { _, _ = d.Docker("rm", "-f", "ctr1"); _, _ = d.Docker("network", "rm", "kubenet") })
 	var ctr []netip.Addr
 	for _, s := range strings.Fields(d.MustDocker(t, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", "ctr1")) {
@@ -210,4 +220,28 @@ func report(console string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// guideDockerCommands returns the docker commands of docs/kubernetes.md's
+// Docker example (its block that creates the network "kubenet"), each
+// without the leading "docker": the network create and the run.
+func guideDockerCommands(t *testing.T) (create, run []string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "kubernetes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 3 && f[0] == "docker" && f[1] == "network" && f[2] == "create" && f[len(f)-1] == "kubenet":
+			create = f[1:]
+		case len(f) > 2 && f[0] == "docker" && f[1] == "run" && slices.Contains(f, "kubenet"):
+			run = f[1:]
+		}
+	}
+	if create == nil || run == nil {
+		t.Fatal("docs/kubernetes.md has no docker network create … kubenet and docker run --net kubenet lines")
+	}
+	return create, run
 }
