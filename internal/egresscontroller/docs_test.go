@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/skeinnet/skein/test/kube"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // TestDocsCommands runs docs/egress.md's example as a reader would: its
@@ -22,13 +23,15 @@ import (
 // like the Egress, scaled by `kubectl scale`, and the namespace's router
 // account). A guide whose example does not work fails here.
 func TestDocsCommands(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "egress.md"))
+	guide := filepath.Join("..", "..", "docs", "egress.md")
+	yamlBlock, err := tools.FencedBlock(guide, "yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc := string(b)
-	yamlBlock := fenced(t, doc, "yaml")
-	shBlock := fenced(t, doc, "sh")
+	shBlock, err := tools.FencedBlock(guide, "sh")
+	if err != nil {
+		t.Fatal(err)
+	}
 	env, c := startEgress(t, Options{})
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "egress.yaml"), []byte(yamlBlock), 0o644); err != nil {
@@ -83,15 +86,4 @@ func TestDocsCommands(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: "internet", Name: "nat"}, &svc); err != nil {
 		t.Fatalf("the guide's Service: %v", err)
 	}
-}
-
-// fenced returns the first ```lang block of doc.
-func fenced(t *testing.T, doc, lang string) string {
-	t.Helper()
-	start := strings.Index(doc, "```"+lang+"\n")
-	if start < 0 {
-		t.Fatalf("no ```%s block", lang)
-	}
-	rest := doc[start+len("```"+lang+"\n"):]
-	return rest[:strings.Index(rest, "```")]
 }

@@ -322,11 +322,11 @@ type taken struct {
 func (t *taken) mark(i uint32) { t.known[i] = true }
 
 func (t *taken) has(i uint32) bool {
-	if t.known[i] {
-		return true
+	if t.known[i] || t.err != nil {
+		return true // after a failed lookup nothing is free: the claim fails
 	}
-	if t.lookup == nil || t.err != nil {
-		return t.err != nil
+	if t.lookup == nil {
+		return false
 	}
 	yes, err := t.lookup.BlockTaken(t.ctx, t.pool, i)
 	if err != nil {

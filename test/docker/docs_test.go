@@ -2,13 +2,13 @@ package docker_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // TestDocsCommands runs the commands of docs/docker.md's example block,
@@ -86,17 +86,10 @@ var continuation = regexp.MustCompile(`\\\n\s*`)
 // commands use no quotes).
 func docsCommands(t *testing.T, path string) [][]string {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	s, err := tools.FencedBlock(path, "sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(b)
-	start := strings.Index(s, "```sh\n")
-	if start < 0 {
-		t.Fatalf("%s has no ```sh block", path)
-	}
-	s = s[start+len("```sh\n"):]
-	s = s[:strings.Index(s, "```")]
 	var out [][]string
 	for _, line := range strings.Split(continuation.ReplaceAllString(s, ""), "\n") {
 		if i := strings.Index(line, "#"); i >= 0 {

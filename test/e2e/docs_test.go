@@ -12,6 +12,7 @@ import (
 
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
+	"github.com/skeinnet/skein/test/tools"
 )
 
 // TestDocsInstall runs docs/cni.md's install block as a reader would, on a
@@ -25,17 +26,10 @@ import (
 // guide's flag made.
 func TestDocsInstall(t *testing.T) {
 	harness.RequireRoot(t)
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "cni.md"))
+	block, err := tools.FencedBlock(filepath.Join("..", "..", "docs", "cni.md"), "sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc := string(b)
-	start := strings.Index(doc, "```sh\n")
-	if start < 0 {
-		t.Fatal("docs/cni.md has no ```sh block")
-	}
-	block := doc[start+len("```sh\n"):]
-	block = block[:strings.Index(block, "```")]
 
 	work := t.TempDir()
 	if err := os.Symlink(skeintest.Binaries(t), filepath.Join(work, "bin")); err != nil {

@@ -106,3 +106,24 @@ func KernelCache() string {
 	}
 	return "/var/cache/skein/kernel"
 }
+
+// FencedBlock returns the first ```lang block of the Markdown file at path
+// (a guide whose example a test runs as written).
+func FencedBlock(path, lang string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	open := "```" + lang + "\n"
+	s := string(b)
+	start := strings.Index(s, open)
+	if start < 0 {
+		return "", fmt.Errorf("%s has no %s block", path, strings.TrimSpace(open))
+	}
+	s = s[start+len(open):]
+	end := strings.Index(s, "```")
+	if end < 0 {
+		return "", fmt.Errorf("%s: its %s block does not end", path, strings.TrimSpace(open))
+	}
+	return s[:end], nil
+}
