@@ -52,6 +52,9 @@ type cgroupCtrl struct {
 type callCgroup struct {
 	dirs []string
 	v2   []bool
+	// dropped: Sandbox.dropCgroup ran (a stale warm init's cgroup is
+	// dropped by the init's discard and again by the call giving it up).
+	dropped atomic.Bool
 }
 
 // hierarchy is a mounted cgroup hierarchy and the daemon's place in it.

@@ -144,4 +144,20 @@
 // period (the kernel's cgroup_threadgroup_rwsem), several milliseconds on
 // a busy machine, which a cold start pays on the call's path (mounting the
 // hierarchies with favordynmods, Linux 6.1+, makes moves cheap).
+//
+// The mounts are the rest of a warm call's overhead, and they depend only
+// on the call's layout (image, netns directories, state directory), the
+// same for every call of a network. Once a layout has been called, the
+// Sandbox keeps inits prepared for it (Options.Prestart of them per
+// layout, for the 8 layouts used last, each dropped after two minutes
+// unused): each has built the whole filesystem, pivoted into it and
+// applied the confinement, and waits for the executable, its arguments
+// and environment. A call of that layout takes one and pays for the exec
+// alone. What a prepared init was built on is checked when it is claimed
+// (a re-unpacked image or a re-mounted state directory is another layout;
+// a netns pin is checked inside its new root, as for warm inits), and
+// ReleaseState drops the inits that have the directory bound. The call's
+// mount namespace is held until it is over and torn down in the
+// background, so the unmounts (which wait for an RCU grace period) are not
+// on the exit the caller waits for. See prepared_linux.go.
 package sandbox

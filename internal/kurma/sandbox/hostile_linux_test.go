@@ -23,7 +23,7 @@ import (
 // hostile runs probe and decodes its report.
 func (e *testEnv) hostile(t *testing.T, probe string, extra string) map[string]any {
 	t.Helper()
-	res, err := e.sb.Run(context.Background(), e.spec(`{"mode":"hostile","probe":"`+probe+`"`+extra+`}`))
+	res, err := e.run(t, context.Background(), e.spec(`{"mode":"hostile","probe":"`+probe+`"`+extra+`}`))
 	if err != nil {
 		t.Fatalf("probe %s: %v", probe, err)
 	}
@@ -97,45 +97,48 @@ func TestHostileCorePattern(t *testing.T) {
 // root of the ext4 file system the state directory lives on) does not
 // reach the host's file system.
 func TestHostileShocker(t *testing.T) {
-	e := newEnv(t, Options{Prestart: -1})
-	r := e.hostile(t, "shocker", "")
-	wantErr(t, r, "openByHandle", "operation not permitted")
-	if r["reached"] != nil {
-		t.Errorf("the plugin listed the host file system's root: %v", r["reached"])
-	}
+	bothStarts(t, Options{}, func(t *testing.T, e *testEnv) {
+		r := e.hostile(t, "shocker", "")
+		wantErr(t, r, "openByHandle", "operation not permitted")
+		if r["reached"] != nil {
+			t.Errorf("the plugin listed the host file system's root: %v", r["reached"])
+		}
+	})
 }
 
 // TestHostileForkBomb: 200 processes are capped at the call's pids limit,
 // and all of them die with the call: no process, no cgroup left.
 func TestHostileForkBomb(t *testing.T) {
-	e := newEnv(t, Options{Prestart: -1, PidsLimit: 32})
-	token := fmt.Sprintf("forkbomb-token-%d-%d", os.Getpid(), time.Now().UnixNano())
-	r := e.hostile(t, "forkbomb", `,"n":200,"token":"`+token+`"`)
-	if n, _ := r["started"].(float64); n >= 32 || n < 1 {
-		t.Errorf("started %v processes; want at least one and fewer than the limit of 32 tasks", n)
-	}
-	wantErr(t, r, "err", "resource temporarily unavailable")
-	if p := processesWith(t, token); len(p) > 0 {
-		t.Errorf("processes survived the call: %v", p)
-	}
-	assertNoCgroups(t, e.sb)
+	bothStarts(t, Options{PidsLimit: 32}, func(t *testing.T, e *testEnv) {
+		token := fmt.Sprintf("forkbomb-token-%d-%d", os.Getpid(), time.Now().UnixNano())
+		r := e.hostile(t, "forkbomb", `,"n":200,"token":"`+token+`"`)
+		if n, _ := r["started"].(float64); n >= 32 || n < 1 {
+			t.Errorf("started %v processes; want at least one and fewer than the limit of 32 tasks", n)
+		}
+		wantErr(t, r, "err", "resource temporarily unavailable")
+		if p := processesWith(t, token); len(p) > 0 {
+			t.Errorf("processes survived the call: %v", p)
+		}
+		assertNoCgroups(t, e.sb)
+	})
 }
 
 // TestHostileMemory: a plugin allocating past the call's memory limit is
 // OOM-killed inside its own cgroup; the caller (skeind, here the test) goes
 // on, and the cgroup is gone.
 func TestHostileMemory(t *testing.T) {
-	e := newEnv(t, Options{Prestart: -1, MemoryLimit: 64 << 20})
-	_, err := e.sb.Run(context.Background(), e.spec(`{"mode":"hostile","probe":"memory","mb":512}`))
-	var se *Error
-	if !errors.As(err, &se) || !errors.Is(err, ErrExit) || se.Signal != "killed" {
-		t.Fatalf("err = %v; want the plugin killed (SIGKILL by the OOM killer)", err)
-	}
-	// The sandbox still works.
-	if _, err := e.sb.Run(context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
-		t.Errorf("a call after the OOM kill: %v", err)
-	}
-	assertNoCgroups(t, e.sb)
+	bothStarts(t, Options{MemoryLimit: 64 << 20}, func(t *testing.T, e *testEnv) {
+		_, err := e.run(t, context.Background(), e.spec(`{"mode":"hostile","probe":"memory","mb":512}`))
+		var se *Error
+		if !errors.As(err, &se) || !errors.Is(err, ErrExit) || se.Signal != "killed" {
+			t.Fatalf("err = %v; want the plugin killed (SIGKILL by the OOM killer)", err)
+		}
+		// The sandbox still works.
+		if _, err := e.run(t, context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
+			t.Errorf("a call after the OOM kill: %v", err)
+		}
+		assertNoCgroups(t, e.sb)
+	})
 }
 
 // TestHostilePrivileges: no module loading, mounting, unmounting the masks,

@@ -102,7 +102,9 @@ func needRoot(t testing.TB) {
 type testEnv struct {
 	dir, rootfs, state, netns string
 	sb                        *Sandbox
-	warm                      bool // calls must start from warm inits
+	// start is how e.run's calls must start: "cold" (the default), "warm"
+	// or "prepared".
+	start string
 }
 
 func newEnv(t testing.TB, o Options) *testEnv {
@@ -250,37 +252,94 @@ func processesWith(t testing.TB, token string) []string {
 	return out
 }
 
-// bothStarts runs f against a sandbox that starts every call cold and
-// against one that keeps warm inits (and makes every call take one).
+// bothStarts runs f against a sandbox that starts every call cold, one
+// that keeps warm inits only (and makes every call take one), and one that
+// keeps inits prepared for the call's layout (and makes every call take
+// one of those).
 func bothStarts(t *testing.T, o Options, f func(t *testing.T, e *testEnv)) {
-	for _, warm := range []bool{false, true} {
-		name := map[bool]string{false: "cold", true: "warm"}[warm]
-		t.Run(name, func(t *testing.T) {
+	for _, start := range []string{"cold", "warm", "prepared"} {
+		t.Run(start, func(t *testing.T) {
 			o := o
-			o.Prestart = map[bool]int{false: -1, true: 2}[warm]
+			o.Prestart = map[string]int{"cold": -1, "warm": 2, "prepared": 2}[start]
 			e := newEnv(t, o)
-			e.warm = warm
+			e.start = start
+			if start == "warm" {
+				e.sb.prepared.size = 0
+			}
 			f(t, e)
 		})
 	}
 }
 
 // run is e.sb.Run, checking the call started the way the env says: from a
-// warm init (waiting until one is ready) or cold.
+// warm init or one prepared for its layout (waiting until one is ready),
+// or cold.
 func (e *testEnv) run(t testing.TB, ctx context.Context, spec Spec) (*Result, error) {
 	t.Helper()
-	if e.warm {
-		for end := time.Now().Add(5 * time.Second); len(e.sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatal("no warm init ready after 5 s")
-			}
+	ready := func() bool { return len(e.sb.pool.ready) > 0 }
+	switch e.start {
+	case "prepared":
+		key := e.sb.prime(spec)
+		ready = func() bool { return e.sb.prepared.count(key) > 0 }
+	case "warm":
+	default:
+		ready = func() bool { return true }
+	}
+	for end := time.Now().Add(5 * time.Second); !ready(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no %s init ready after 5 s", e.start)
 		}
 	}
-	warm, cold := e.sb.pool.warm.Load(), e.sb.pool.cold.Load()
+	count := func() [3]int64 {
+		return [3]int64{e.sb.pool.cold.Load(), e.sb.pool.warm.Load(), e.sb.pool.prep.Load()}
+	}
+	before := count()
 	res, err := e.sb.Run(ctx, spec)
-	dw, dc := e.sb.pool.warm.Load()-warm, e.sb.pool.cold.Load()-cold
-	if e.warm && (dw != 1 || dc != 0) || !e.warm && (dw != 0 || dc != 1) {
-		t.Errorf("call started %d warm, %d cold; want it %s", dw, dc, map[bool]string{false: "cold", true: "warm"}[e.warm])
+	after := count()
+	var got []string
+	for i, name := range []string{"cold", "warm", "prepared"} {
+		for range after[i] - before[i] {
+			got = append(got, name)
+		}
+	}
+	want := e.start
+	if want == "" {
+		want = "cold"
+	}
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("call started %v; want it %s", got, want)
 	}
 	return res, err
+}
+
+// layoutKey is the key of spec's layout in sb's prepared inits.
+func layoutKey(t testing.TB, sb *Sandbox, spec Spec) string {
+	t.Helper()
+	is, err := sb.initSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, _, ok := layoutOf(is)
+	if !ok {
+		t.Fatal("no layout for the spec")
+	}
+	return key
+}
+
+// prime starts preparing inits for spec's layout before its first call,
+// and returns the layout's key ("" when there is none: a bad spec).
+func (s *Sandbox) prime(spec Spec) string {
+	is, err := s.initSpec(spec)
+	if err != nil {
+		return ""
+	}
+	key, layout, _, ok := layoutOf(is)
+	if !ok || s.prepared.size == 0 {
+		return ""
+	}
+	s.prepared.mu.Lock()
+	s.prepared.useLocked(key, layout)
+	s.prepared.mu.Unlock()
+	s.prepared.refill(key, true)
+	return key
 }

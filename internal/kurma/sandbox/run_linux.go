@@ -27,8 +27,9 @@ import (
 // sandbox of its own (see the package comment). It is safe for concurrent
 // use; it does not limit concurrency itself (Runner does).
 type Sandbox struct {
-	opts Options
-	pool *pool
+	opts     Options
+	pool     *pool
+	prepared *prepared
 	// cgroups makes each call's cgroups; nil when calls run without
 	// (Options.Cgroups).
 	cgroups *cgroupSet
@@ -65,6 +66,7 @@ func New(o Options) (*Sandbox, error) {
 	}
 	s.pool = newPool(s, o.Prestart)
 	s.pool.refill()
+	s.prepared = newPrepared(s, o.Prestart)
 	return s, nil
 }
 
@@ -105,6 +107,7 @@ func (s *Sandbox) newCgroup(path string) (*callCgroup, error) {
 // Close stops the inits kept warm. Calls running go on; later calls start
 // cold. Safe to call more than once.
 func (s *Sandbox) Close() error {
+	s.prepared.close()
 	s.pool.close()
 	s.removing.Wait()
 	return nil
@@ -143,24 +146,48 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A warm init if one is ready (see pool), else a cold start. Either
-	// way the call's cgroups (the warm init's, or made for a cold start)
-	// are killed and removed once it is over (deferred before the refill,
-	// so that runs first).
-	defer s.pool.refill()
+	// An init prepared for the call's layout if one is ready (see
+	// prepared), else a warm init (see pool), else a cold start. Whichever
+	// way, the call's cgroups (the init's, or made for a cold start) are
+	// killed and removed once it is over (deferred after the refills, so
+	// that runs first).
+	key, layout, call, ok := layoutOf(is)
 	var (
-		wait func() error
-		cg   *callCgroup
+		wait  func() error
+		cg    *callCgroup
+		mntns *os.File // the init's mount namespace, held (warmInit.mntns)
+		ran   bool
 	)
-	defer func() { s.dropCgroup(cg) }()
-	if w := s.pool.take(); w != nil {
-		cg = w.cg
-		if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
-			s.pool.warm.Add(1)
+	if ok {
+		defer func() { s.prepared.refill(key, ran) }()
+	}
+	defer s.pool.refill()
+	defer func() {
+		s.dropCgroup(cg)
+		s.release(mntns)
+	}()
+	if ok {
+		if w := s.prepared.take(key, layout); w != nil {
+			cg, mntns = w.cg, w.mntns
+			if wait, err = w.claim(ctx, call, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
+				s.pool.prep.Add(1)
+			}
+		}
+	}
+	if wait == nil && (err == nil || errors.Is(err, errStale)) {
+		if w := s.pool.take(); w != nil {
+			s.dropCgroup(cg)
+			s.release(mntns)
+			cg, mntns = w.cg, w.mntns
+			if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
+				s.pool.warm.Add(1)
+			}
 		}
 	}
 	if wait == nil && (err == nil || errors.Is(err, errStale)) {
 		s.dropCgroup(cg)
+		s.release(mntns)
+		mntns = nil
 		if cg, err = s.newCgroup(spec.Path); err != nil {
 			return nil, err
 		}
@@ -182,7 +209,12 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		}
 		return nil, err
 	}
+	tExec := time.Now()
 	werr := wait()
+	if os.Getenv("SKEIN_TIMING") != "" {
+		fmt.Fprintf(os.Stderr, "TIMING %d %d %s\n", tExec.Sub(begin).Microseconds(), time.Since(tExec).Microseconds(), strings.TrimSpace(string(stderr.bytes())))
+	}
+	ran = true
 	res := &Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.bytes(), Duration: time.Since(begin)}
 	switch {
 	case stdout.hit:
@@ -246,11 +278,19 @@ func (s *Sandbox) start(ctx context.Context, spec Spec, stdout, stderr io.Writer
 	return cmd, func() { s.dropCgroup(cg) }, nil
 }
 
+// release closes a held mount namespace in the background: the last
+// reference unmounts the call's tree (see warmInit.mntns).
+func (s *Sandbox) release(mntns *os.File) {
+	if mntns != nil {
+		s.removing.Go(func() { mntns.Close() })
+	}
+}
+
 // dropCgroup kills what is left in a call's cgroups, then removes them in
 // the background (removing a memory cgroup takes a few hundred
 // microseconds the caller need not wait for; Close does).
 func (s *Sandbox) dropCgroup(cg *callCgroup) {
-	if cg == nil {
+	if cg == nil || cg.dropped.Swap(true) {
 		return
 	}
 	if err := cg.kill(); err != nil {

@@ -549,7 +549,8 @@ func TestRunnerRealCalls(t *testing.T) {
 // cold), and are gone after Close, after which calls still work.
 func TestWarmPool(t *testing.T) {
 	e := newEnv(t, Options{Prestart: 2})
-	e.warm = true
+	e.start = "warm"
+	e.sb.prepared.size = 0
 	ready := func() []*warmInit {
 		t.Helper()
 		for end := time.Now().Add(5 * time.Second); len(e.sb.pool.ready) < 2; time.Sleep(time.Millisecond) {
@@ -601,7 +602,7 @@ func TestWarmPool(t *testing.T) {
 	if n := len(e.sb.pool.ready); n != 0 {
 		t.Errorf("%d warm inits left after Close", n)
 	}
-	e.warm = false
+	e.start = "cold"
 	if _, err := e.run(t, context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
 		t.Fatalf("call after Close: %v", err)
 	}
@@ -613,17 +614,7 @@ func TestWarmPool(t *testing.T) {
 // cold and sees the namespace; the next warm init sees it too.
 func TestWarmStaleView(t *testing.T) {
 	e := newEnv(t, Options{Prestart: -1})
-	priv := filepath.Join(e.dir, "private-netns")
-	if err := os.Mkdir(priv, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(priv, priv, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(priv, unix.MNT_DETACH) })
-	if err := unix.Mount("", priv, "", unix.MS_PRIVATE, ""); err != nil {
-		t.Fatal(err)
-	}
+	priv := privateDir(t, e)
 	sb, err := New(Options{ScratchDir: filepath.Join(e.dir, "scratch2"), Prestart: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -670,4 +661,23 @@ func TestWarmStaleView(t *testing.T) {
 			t.Errorf("call %d started %s (warm +%d, cold +%d), want %s", i, got, sb.pool.warm.Load()-warm, sb.pool.cold.Load()-cold, want)
 		}
 	}
+}
+
+// privateDir is a directory under e.dir whose mounts do not propagate: a
+// namespace pinned there later stays out of mount namespaces copied
+// before.
+func privateDir(t *testing.T, e *testEnv) string {
+	t.Helper()
+	priv := filepath.Join(e.dir, "private-netns")
+	if err := os.Mkdir(priv, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(priv, priv, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(priv, unix.MNT_DETACH) })
+	if err := unix.Mount("", priv, "", unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+	return priv
 }

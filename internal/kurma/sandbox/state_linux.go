@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
 )
 
 // A network's state directory is the one place a plugin writes that
@@ -121,6 +123,10 @@ func mountState(dir string, flags uintptr, opts string) (err error) {
 // what the network's plugins kept there is gone. For a network removed for
 // good (and for tests). A directory that is not mounted is left alone.
 func (s *Sandbox) ReleaseState(dir string) error {
+	// Inits prepared with the directory bound would keep its tmpfs alive.
+	if s.prepared != nil {
+		s.prepared.forget(func(l *sandboxinit.Spec) bool { return l.StateDir == dir })
+	}
 	s.state.mu.Lock()
 	defer s.state.mu.Unlock()
 	delete(s.state.seen, dir)

@@ -21,12 +21,22 @@ import (
 // end of a pipe that stays silent and closes on a successful exec, or
 // carries the reason setup failed. A warm init whose SpecFD closes empty
 // exits quietly.
+//
+// A prepared start has both: SpecEnv holds a Spec without the executable
+// (Path, Args, Env), and PreparedEnv is set. The init builds the whole
+// sandbox from it (mounts, pivot_root), writes ReadyMsg to ReadyFD and
+// closes it, then waits on SpecFD for a Spec carrying only Path, Args, Env
+// and Expect (checked inside the new root), and applies the confinement
+// and execs. The call pays for none of the mounts.
 const (
-	Arg0    = "skein-sandbox-init"
-	SpecEnv = "SKEIN_SANDBOX_SPEC"
-	WarmEnv = "SKEIN_SANDBOX_WARM"
-	ErrFD   = 3
-	SpecFD  = 4
+	Arg0        = "skein-sandbox-init"
+	SpecEnv     = "SKEIN_SANDBOX_SPEC"
+	WarmEnv     = "SKEIN_SANDBOX_WARM"
+	PreparedEnv = "SKEIN_SANDBOX_PREPARED"
+	ErrFD       = 3
+	SpecFD      = 4
+	ReadyFD     = 5
+	ReadyMsg    = "ready"
 )
 
 // Spec is what the init needs to build the sandbox and exec. Paths are
@@ -81,26 +91,19 @@ func MaybeRun() {
 		return
 	}
 	raw, cold := os.LookupEnv(SpecEnv)
+	if os.Getenv(PreparedEnv) != "" {
+		runPrepared(raw)
+	}
 	if !cold && os.Getenv(WarmEnv) == "" {
 		return
 	}
-	// Step 1: nothing done from here on may reach the host. Every copied
-	// mount becomes a slave: the host's changes still arrive (a netns pin
-	// removed on the host must not stay alive here, however long a warm
-	// init waits), ours never leave.
-	err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, "")
-	if err != nil {
-		err = fmt.Errorf("make mounts slaves: %w", err)
-	}
+	err := enslave()
 	if err == nil && !cold {
 		raw, err = waitForSpec()
 	}
 	var s Spec
 	if err == nil {
-		err = json.Unmarshal([]byte(raw), &s)
-	}
-	if err == nil {
-		err = s.checkView()
+		err = s.decode(raw)
 	}
 	if err == nil {
 		err = s.enter()
@@ -108,6 +111,25 @@ func MaybeRun() {
 	// Only failures get here: a successful enter ends in exec.
 	reportSetup(err)
 	os.Exit(127)
+}
+
+// enslave is step 1: nothing done from here on may reach the host. Every
+// copied mount becomes a slave: the host's changes still arrive (a netns
+// pin removed on the host must not stay alive here, however long a warm
+// init waits), ours never leave.
+func enslave() error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make mounts slaves: %w", err)
+	}
+	return nil
+}
+
+// decode reads a spec and checks the paths it expects (checkView).
+func (s *Spec) decode(raw string) error {
+	if err := json.Unmarshal([]byte(raw), s); err != nil {
+		return err
+	}
+	return s.checkView()
 }
 
 // checkView compares the paths the sandbox checked with what this process
@@ -149,12 +171,61 @@ func reportSetup(err error) {
 	f.Close()
 }
 
-// enter builds the filesystem and execs the executable. The process is
-// already alone in new mount and PID namespaces (its parent cloned it so),
-// its mounts slaves of the host's (step 1, in MaybeRun);
-// mount(2) and pivot_root(2) act on the namespace and the shared fs state,
-// so the Go runtime's other threads are no concern.
+// runPrepared is a prepared start (see PreparedEnv): the sandbox built from
+// layout, then the executable named by the spec that arrives on SpecFD. It
+// never returns.
+func runPrepared(layout string) {
+	err := enslave()
+	var s Spec
+	if err == nil {
+		err = s.decode(layout)
+	}
+	if err == nil {
+		err = s.build()
+	}
+	if err == nil {
+		// The confinement too: nothing left to do needs more than
+		// reading the call, a few stats and exec.
+		err = s.lockDown()
+	}
+	if err == nil {
+		// Ready: from here on only the call's own part is missing.
+		ready := os.NewFile(ReadyFD, "sandbox-ready")
+		_, err = ready.WriteString(ReadyMsg)
+		ready.Close()
+	}
+	var raw string
+	if err == nil {
+		raw, err = waitForSpec()
+	}
+	var call Spec
+	if err == nil {
+		// Inside the new root now: the paths checked are the netns
+		// directories and pins, bound at their own paths.
+		err = call.decode(raw)
+	}
+	if err == nil {
+		err = call.execLocked()
+	}
+	reportSetup(err)
+	os.Exit(127)
+}
+
+// enter builds the filesystem and execs the executable.
 func (s *Spec) enter() error {
+	if err := s.build(); err != nil {
+		return err
+	}
+	return s.exec()
+}
+
+// build makes the sandbox's filesystem and enters it: cgroups, the node's
+// network namespace, the mounts, pivot_root. The process is already alone
+// in new mount and PID namespaces (its parent cloned it so), its mounts
+// slaves of the host's (step 1, in MaybeRun); mount(2) and pivot_root(2)
+// act on the namespace and the shared fs state, so the Go runtime's other
+// threads are no concern. It leaves the thread locked for exec.
+func (s *Spec) build() error {
 	unix.CloseOnExec(ErrFD)
 	unix.Umask(0)
 	// Namespaces, capabilities, no_new_privs and seccomp filters belong to
@@ -235,12 +306,21 @@ func (s *Spec) enter() error {
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("chdir /: %w", err)
 	}
+	return nil
+}
 
-	// Step 5: limits, capabilities, no_new_privs, seccomp; then exec. The
-	// plugin becomes PID 1 of its namespace.
+// exec is step 5, on the thread build locked: limits, capabilities,
+// no_new_privs, seccomp; then exec. The plugin becomes PID 1 of its
+// namespace.
+func (s *Spec) exec() error {
 	if err := s.lockDown(); err != nil {
 		return err
 	}
+	return s.execLocked()
+}
+
+// execLocked execs s.Path on a thread already locked down.
+func (s *Spec) execLocked() error {
 	unix.Umask(0o022)
 	argv := append([]string{s.Path}, s.Args...)
 	if err := unix.Exec(s.Path, argv, s.Env); err != nil {
