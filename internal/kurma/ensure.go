@@ -89,6 +89,9 @@ func (m *Manager) ensureStale(ctx context.Context, n Network) (*netState, func()
 // hold takes the caller's own reference to s's image while s still holds
 // its own.
 func (m *Manager) hold(name string, s *netState) (*netState, func(), error) {
+	if release, ok := m.images.Hold(s.img.Digest); ok {
+		return s, release, nil
+	}
 	_, release, err := m.images.Lookup(s.img.Digest)
 	if err != nil {
 		return nil, nil, fmt.Errorf("network %q: image: %w", name, err)

@@ -250,6 +250,19 @@ func (c *Cache) Lookup(digest string) (Image, func(), error) {
 	return img, c.releaser(digest), nil
 }
 
+// Hold takes another reference to an image this process already holds
+// (Acquire or Lookup), without reading it again: false when nothing holds
+// it (then Lookup).
+func (c *Cache) Hold(digest string) (func(), bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refs[digest] <= 0 {
+		return nil, false
+	}
+	c.refs[digest]++
+	return c.releaser(digest), true
+}
+
 // load reads an unpacked image's meta.json; c.mu is held so that Prune
 // cannot move it meanwhile.
 func (c *Cache) load(digest string) (Image, error) {

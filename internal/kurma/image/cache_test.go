@@ -344,3 +344,30 @@ func TestBadFiles(t *testing.T) {
 		t.Errorf("cache holds %v", names)
 	}
 }
+
+// TestHold: Hold adds a reference only to an image this process holds,
+// and that reference alone keeps it from Prune.
+func TestHold(t *testing.T) {
+	top := t.TempDir()
+	cache := newCache(t, Options{Dir: filepath.Join(top, "cache")})
+	src := writeLayout(t, filepath.Join(top, "src"), mkImage(t, mkTar(t, pluginEnts()...)))
+	img, release, err := acquire(t, cache, Source{Image: "file://" + src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, ok := cache.Hold(img.Digest)
+	if !ok {
+		t.Fatal("Hold of an acquired image failed")
+	}
+	release()
+	if removed, err := cache.Prune(nil); err != nil || len(removed) != 0 {
+		t.Fatalf("prune with the image held: removed %v, %v", removed, err)
+	}
+	held()
+	if _, ok := cache.Hold(img.Digest); ok {
+		t.Error("Hold of an image nothing holds succeeded")
+	}
+	if removed, err := cache.Prune(nil); err != nil || len(removed) != 1 {
+		t.Errorf("prune once released: removed %v, %v; want the image", removed, err)
+	}
+}

@@ -339,7 +339,7 @@ func (s *Sandbox) prime(spec Spec) string {
 	}
 	s.prepared.mu.Lock()
 	s.prepared.useLocked(key, layout)
+	s.prepared.refillLocked(key, true)
 	s.prepared.mu.Unlock()
-	s.prepared.refill(key, true)
 	return key
 }

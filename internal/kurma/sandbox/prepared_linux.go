@@ -47,6 +47,14 @@ const (
 	maxLayouts = 8
 	// prepareTimeout bounds building a layout ahead of need.
 	prepareTimeout = 10 * time.Second
+	// maxPerLayout bounds the inits one layout keeps: it keeps as many as
+	// it has seen calls at once (at least the Sandbox's Prestart), so a
+	// burst of attaches finds one each the next time. A waiting init is a
+	// small process (~2.6 MB resident, most of it shared pages) and a
+	// mount namespace of ~20 mounts.
+	maxPerLayout = 8
+	// maxPrepared bounds the inits kept across layouts.
+	maxPrepared = 32
 )
 
 // prepared is the Sandbox's prepared inits, by layout.
@@ -70,6 +78,10 @@ type layoutInits struct {
 	layout *sandboxinit.Spec // without Path, Args, Env; Cgroups set per init
 	ready  []*warmInit
 	used   time.Time
+	// running is the calls of the layout under way; want the inits to
+	// keep: the most calls seen at once, between the Sandbox's size and
+	// maxPerLayout.
+	running, want int
 	// filling: a filler runs. failed: the last preparation failed; no
 	// more are tried until a call of the layout succeeds another way.
 	filling, failed bool
@@ -111,7 +123,7 @@ func layoutOf(is *sandboxinit.Spec) (key string, layout, call *sandboxinit.Spec,
 }
 
 // take returns an init prepared for key, or nil; either way the layout
-// counts as used now.
+// counts as used now, by one more call until done.
 func (p *prepared) take(key string, layout *sandboxinit.Spec) *warmInit {
 	if p.size == 0 {
 		return nil
@@ -119,7 +131,12 @@ func (p *prepared) take(key string, layout *sandboxinit.Spec) *warmInit {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	li := p.useLocked(key, layout)
-	if li == nil || len(li.ready) == 0 {
+	if li == nil {
+		return nil
+	}
+	li.running++
+	li.want = min(max(li.want, li.running), maxPerLayout)
+	if len(li.ready) == 0 {
 		return nil
 	}
 	w := li.ready[0]
@@ -135,7 +152,7 @@ func (p *prepared) useLocked(key string, layout *sandboxinit.Spec) *layoutInits 
 	}
 	li := p.layouts[key]
 	if li == nil {
-		li = &layoutInits{key: key, layout: layout}
+		li = &layoutInits{key: key, layout: layout, want: p.size}
 		p.layouts[key] = li
 	}
 	li.used = time.Now()
@@ -144,14 +161,26 @@ func (p *prepared) useLocked(key string, layout *sandboxinit.Spec) *layoutInits 
 	return li
 }
 
-// refill prepares inits for key in the background up to the size, one
-// filler per layout. succeeded says the call of the layout worked: a
-// layout whose preparation failed is tried again only then.
-func (p *prepared) refill(key string, succeeded bool) {
+// done ends a call of key (taken with take) and refills the layout.
+// ran says the call's sandbox worked: a layout whose preparation failed is
+// tried again only then.
+func (p *prepared) done(key string, ran bool) {
+	if p.size == 0 {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if li := p.layouts[key]; li != nil && li.running > 0 {
+		li.running--
+	}
+	p.refillLocked(key, ran)
+}
+
+// refillLocked prepares inits for key in the background up to the number
+// the layout wants, one filler per layout.
+func (p *prepared) refillLocked(key string, succeeded bool) {
 	li := p.layouts[key]
-	if p.closed || li == nil || li.filling || len(li.ready) >= p.size {
+	if p.closed || li == nil || li.filling || len(li.ready) >= li.want {
 		return
 	}
 	if li.failed && !succeeded {
@@ -161,7 +190,7 @@ func (p *prepared) refill(key string, succeeded bool) {
 	p.wg.Go(func() {
 		for {
 			p.mu.Lock()
-			if p.closed || p.layouts[key] != li || len(li.ready) >= p.size {
+			if p.closed || p.layouts[key] != li || len(li.ready) >= li.want || p.totalLocked() >= maxPrepared {
 				li.filling = false
 				p.mu.Unlock()
 				return
@@ -186,6 +215,15 @@ func (p *prepared) refill(key string, succeeded bool) {
 			p.mu.Unlock()
 		}
 	})
+}
+
+// totalLocked is how many inits are prepared across layouts.
+func (p *prepared) totalLocked() int {
+	n := 0
+	for _, li := range p.layouts {
+		n += len(li.ready)
+	}
+	return n
 }
 
 // evictLocked drops the least recently used layouts past maxLayouts.

@@ -159,7 +159,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		ran   bool
 	)
 	if ok {
-		defer func() { s.prepared.refill(key, ran) }()
+		defer func() { s.prepared.done(key, ran) }()
 	}
 	defer s.pool.refill()
 	defer func() {
