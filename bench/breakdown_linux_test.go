@@ -38,6 +38,12 @@ import (
 //   - exec: the skein binary exec'd directly with the CNI environment, no
 //     libcni;
 //
+//   - exec-version: the same for VERSION (no call): the binary's start,
+//     stdin and exit without the call;
+//
+//   - exec-floor-direct: bench/execfloor exec'd directly, no libcni: what
+//     any Go process costs to start and end;
+//
 //   - libcni: skein through libcni, as skein-bench measures it;
 //
 //   - exec-floor: bench/execfloor through libcni.
@@ -62,7 +68,8 @@ func BenchmarkADDParts(b *testing.B) {
 	list := confList(sc, "parts", map[string]any{"type": "skein", "socket": d.Socket})
 	cni := libcni.NewCNIConfigWithCacheDir([]string{d.BinDir}, b.TempDir(), nil)
 	efList := confList(sc, "parts-ef", map[string]any{"type": "execfloor"})
-	efCNI := libcni.NewCNIConfigWithCacheDir([]string{execFloorDir(sc)}, b.TempDir(), nil)
+	efDir := execFloorDir(sc)
+	efCNI := libcni.NewCNIConfigWithCacheDir([]string{efDir}, b.TempDir(), nil)
 	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "parts", "type": "skein", "socket": d.Socket})
 	ctx := context.Background()
 
@@ -82,8 +89,11 @@ func BenchmarkADDParts(b *testing.B) {
 		}
 		return err
 	}
-	execSkein := func(verb, id string, pod *harness.NS) error {
-		cmd := exec.Command(filepath.Join(d.BinDir, "skein"))
+	execIn := func(dir, verb, id string, pod *harness.NS) error {
+		cmd := exec.Command(filepath.Join(dir, "skein"))
+		if dir != d.BinDir {
+			cmd = exec.Command(filepath.Join(dir, "execfloor"))
+		}
 		cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + pod.Path(), "CNI_IFNAME=eth0", "CNI_PATH=" + d.BinDir}
 		cmd.Stdin = bytes.NewReader(conf)
 		out, err := cmd.Output()
@@ -92,6 +102,7 @@ func BenchmarkADDParts(b *testing.B) {
 		}
 		return nil
 	}
+	execSkein := func(verb, id string, pod *harness.NS) error { return execIn(d.BinDir, verb, id, pod) }
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -119,6 +130,8 @@ func BenchmarkADDParts(b *testing.B) {
 		id = fmt.Sprintf("exec%d", i)
 		timed("exec", func() error { return execSkein("ADD", id, ps[2]) })
 		_ = execSkein("DEL", id, ps[2])
+		timed("exec-version", func() error { return execSkein("VERSION", id, ps[2]) })
+		timed("exec-floor-direct", func() error { return execIn(efDir, "ADD", id, ps[2]) })
 		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cni%d", i), NetNS: ps[3].Path(), IfName: "eth0"}
 		timed("libcni", func() error {
 			var err error
@@ -137,7 +150,7 @@ func BenchmarkADDParts(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	for _, part := range []string{"floor", "dataplane", "call", "noop-call", "exec", "libcni", "exec-floor"} {
+	for _, part := range []string{"floor", "dataplane", "call", "noop-call", "exec", "exec-version", "exec-floor-direct", "libcni", "exec-floor"} {
 		l := lat[part]
 		slices.Sort(l)
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-p50-ms")

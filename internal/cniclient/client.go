@@ -1,12 +1,19 @@
 package cniclient
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"net"
 	"net/url"
 	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/skeinnet/skein/internal/cniwire"
 )
 
 // Request mirrors skein.v1.CNIRequest.
@@ -52,12 +59,70 @@ func Call(ctx context.Context, socket, method string, req Request) (*Reply, erro
 
 // CallService invokes /<service>/<method> for any of skeind's services that
 // take a CNIRequest and answer a CNIReply (skein.v1.CNI, skein.v1.VM).
+//
+// The call goes over skeind's short path (package cniwire) and, when the
+// daemon does not speak it (an older skeind), over gRPC.
 func CallService(ctx context.Context, socket, service, method string, req Request) (*Reply, error) {
+	path, body := "/"+service+"/"+method, encodeRequest(req)
+	rep, err := callWire(ctx, socket, path, body)
+	if !errors.Is(err, cniwire.ErrNotSkeinWire) {
+		return rep, err
+	}
+	return callGRPC(ctx, socket, path, body)
+}
+
+// callWire makes the call over the short path: ErrNotSkeinWire when the
+// peer does not speak it (nothing ran).
+func callWire(ctx context.Context, socket, path string, body []byte) (*Reply, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	defer conn.Close()
+	var timeout uint32
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+		timeout = uint32(min(max(time.Until(dl).Milliseconds(), 1), math.MaxUint32))
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := conn.Write(cniwire.AppendRequest(nil, cniwire.Request{Method: path, TimeoutMS: timeout, Body: body})); err != nil {
+		if ctx.Err() == nil && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+			return nil, fmt.Errorf("%w: %v", cniwire.ErrNotSkeinWire, err)
+		}
+		return nil, callErr(ctx, err)
+	}
+	br := bufio.NewReader(conn)
+	if err := cniwire.ReadAck(br); err != nil {
+		if ctx.Err() == nil && errors.Is(err, syscall.ECONNRESET) {
+			// Closed on us before any answer: an old skeind refusing
+			// what it took for a bad HTTP/2 preface.
+			err = fmt.Errorf("%w: %v", cniwire.ErrNotSkeinWire, err)
+		}
+		if errors.Is(err, cniwire.ErrNotSkeinWire) {
+			return nil, err
+		}
+		return nil, callErr(ctx, err)
+	}
+	rep, err := cniwire.ReadReply(br)
+	if err != nil {
+		return nil, callErr(ctx, err)
+	}
+	if rep.Code != cniwire.CodeOK {
+		return nil, &StatusError{Code: int(rep.Code), Message: rep.Message}
+	}
+	return decodeReply(rep.Body)
+}
+
+// callGRPC makes the call as a unary gRPC call on a connection of its
+// own.
+func callGRPC(ctx context.Context, socket, path string, body []byte) (*Reply, error) {
 	timeout := ""
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = timeoutHeader(dl)
 	}
-	rep, err := unary(ctx, socket, "/"+service+"/"+method, encodeRequest(req), timeout)
+	rep, err := unary(ctx, socket, path, body, timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -7,15 +7,19 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/cniwire"
+	"github.com/skeinnet/skein/internal/cniwire/wireserver"
 )
 
 // fake is a CNI service on the real grpc-go server.
@@ -39,6 +43,8 @@ func (f *fake) Add(ctx context.Context, r *rpc.CNIRequest) (*rpc.CNIReply, error
 	return f.reply, f.err
 }
 
+// serve is f on a gRPC server alone: a skeind from before the short path
+// (the client falls back to gRPC).
 func serve(t *testing.T, f *fake) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
@@ -51,6 +57,51 @@ func serve(t *testing.T, f *fake) string {
 	go s.Serve(l)
 	t.Cleanup(s.Stop)
 	return sock
+}
+
+// skeindServer is f served as skeind serves its CNI service: the short
+// path and gRPC on one socket. wire counts the calls that came over the
+// short path.
+type skeindServer struct {
+	sock  string
+	split *cniwire.Split
+	wire  atomic.Int64
+}
+
+func serveSkeind(t *testing.T, f *fake) *skeindServer {
+	t.Helper()
+	ss := &skeindServer{sock: filepath.Join(t.TempDir(), "s.sock")}
+	l, err := net.Listen("unix", ss.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := wireserver.Handler(map[string]rpc.CNIMethods{rpc.CNI_ServiceDesc.ServiceName: f})
+	ss.split = cniwire.NewSplit(l, func(ctx context.Context, method string, body []byte) cniwire.Reply {
+		ss.wire.Add(1)
+		return h(ctx, method, body)
+	})
+	s := grpc.NewServer()
+	rpc.RegisterCNIServer(s, f)
+	go s.Serve(ss.split.Listener())
+	t.Cleanup(func() { s.Stop(); ss.split.Close() })
+	return ss
+}
+
+// bothServers runs f against an older skeind (gRPC only: the call falls
+// back) and against skeind's short path, checking the path each call took.
+func bothServers(t *testing.T, f func(t *testing.T, sock string, fk *fake)) {
+	t.Run("grpc only", func(t *testing.T) {
+		fk := &fake{got: make(chan *rpc.CNIRequest, 1)}
+		f(t, serve(t, fk), fk)
+	})
+	t.Run("short path", func(t *testing.T) {
+		fk := &fake{got: make(chan *rpc.CNIRequest, 1)}
+		ss := serveSkeind(t, fk)
+		f(t, ss.sock, fk)
+		if ss.wire.Load() == 0 {
+			t.Error("no call came over the short path")
+		}
+	})
 }
 
 func TestRoundTripAgainstGRPCGo(t *testing.T) {
@@ -68,9 +119,8 @@ func TestRoundTripAgainstGRPCGo(t *testing.T) {
 		{"large config", Request{ContainerID: "c3", NetConf: big}, &rpc.CNIReply{Result: big}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: c.reply}
-			sock := serve(t, f)
+		bothServers(t, func(t *testing.T, sock string, f *fake) {
+			f.reply = c.reply
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			rep, err := Call(ctx, sock, "Add", c.req)
@@ -122,18 +172,19 @@ func TestEncodingMatchesProto(t *testing.T) {
 }
 
 func TestStatusErrors(t *testing.T) {
-	f := &fake{got: make(chan *rpc.CNIRequest, 1), err: status.Error(codes.FailedPrecondition, "pool \"p\": 100% used")}
-	sock := serve(t, f)
-	_, err := Call(context.Background(), sock, "Add", Request{})
-	var se *StatusError
-	if !errors.As(err, &se) || se.Code != int(codes.FailedPrecondition) || se.Message != `pool "p": 100% used` {
-		t.Fatalf("err = %v, want FailedPrecondition with the message", err)
-	}
+	bothServers(t, func(t *testing.T, sock string, f *fake) {
+		f.err = status.Error(codes.FailedPrecondition, "pool \"p\": 100% used")
+		_, err := Call(context.Background(), sock, "Add", Request{})
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != int(codes.FailedPrecondition) || se.Message != `pool "p": 100% used` {
+			t.Fatalf("err = %v, want FailedPrecondition with the message", err)
+		}
 
-	_, err = Call(context.Background(), sock, "NoSuchMethod", Request{})
-	if !errors.As(err, &se) || se.Code != int(codes.Unimplemented) {
-		t.Fatalf("unknown method: err = %v, want Unimplemented", err)
-	}
+		_, err = Call(context.Background(), sock, "NoSuchMethod", Request{})
+		if !errors.As(err, &se) || se.Code != int(codes.Unimplemented) {
+			t.Fatalf("unknown method: err = %v, want Unimplemented", err)
+		}
+	})
 }
 
 func TestUnavailableAndDeadline(t *testing.T) {
@@ -141,22 +192,23 @@ func TestUnavailableAndDeadline(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("missing socket: err = %v, want ErrUnavailable", err)
 	}
-	f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: &rpc.CNIReply{}, delay: 2 * time.Second}
-	sock := serve(t, f)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err = Call(ctx, sock, "Add", Request{})
-	var se *StatusError
-	if !errors.As(err, &se) || se.Code != CodeDeadlineExceeded {
-		t.Fatalf("err = %v, want DeadlineExceeded", err)
-	}
-	if time.Since(start) > time.Second {
-		t.Errorf("deadline not honoured: took %v", time.Since(start))
-	}
-	if !strings.Contains(err.Error(), "deadline") {
-		t.Errorf("message %q does not say deadline", err)
-	}
+	bothServers(t, func(t *testing.T, sock string, f *fake) {
+		f.reply, f.delay = &rpc.CNIReply{}, 2*time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err = Call(ctx, sock, "Add", Request{})
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != CodeDeadlineExceeded {
+			t.Fatalf("err = %v, want DeadlineExceeded", err)
+		}
+		if time.Since(start) > time.Second {
+			t.Errorf("deadline not honoured: took %v", time.Since(start))
+		}
+		if !strings.Contains(err.Error(), "deadline") {
+			t.Errorf("message %q does not say deadline", err)
+		}
+	})
 }
 
 // TestMisbehavingServer: a peer that is not a gRPC server, or that hangs up,
@@ -178,14 +230,18 @@ func TestMisbehavingServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
+			// Every connection: the short path's, then gRPC's (the
+			// client falls back when nothing acknowledged its request).
 			go func() {
-				c, err := l.Accept()
-				if err != nil {
-					return
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					buf := make([]byte, 4096)
+					c.Read(buf) // the preface and the request
+					behave(c)
 				}
-				buf := make([]byte, 4096)
-				c.Read(buf) // the preface and the request
-				behave(c)
 			}()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
@@ -227,5 +283,100 @@ func TestGracefulStopMidCall(t *testing.T) {
 	}
 	if string(rep.Result) != "done" {
 		t.Errorf("result %q", rep.Result)
+	}
+}
+
+// TestShortPathNoRetry: once skeind has acknowledged a request, a
+// connection lost before the reply is an error, never a second try over
+// gRPC (the request may have run). Before the acknowledgement, nothing ran
+// and the call goes over gRPC.
+func TestShortPathNoRetry(t *testing.T) {
+	for name, c := range map[string]struct {
+		behave func(c net.Conn)
+		conns  int
+	}{
+		"acknowledged, then hung up": {func(c net.Conn) { c.Write([]byte(cniwire.AckMagic)); c.Close() }, 1},
+		"acknowledged, half a reply": {func(c net.Conn) { c.Write([]byte(cniwire.AckMagic + "\x00\x00")); c.Close() }, 1},
+		"hung up at once":            {func(c net.Conn) { c.Close() }, 2},
+	} {
+		t.Run(name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "s.sock")
+			l, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			var conns atomic.Int64
+			go func() {
+				for {
+					cn, err := l.Accept()
+					if err != nil {
+						return
+					}
+					conns.Add(1)
+					cn.Read(make([]byte, 4096))
+					c.behave(cn)
+				}
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if _, err := Call(ctx, sock, "Add", Request{ContainerID: "x"}); err == nil {
+				t.Fatal("call succeeded")
+			}
+			if n := conns.Load(); n != int64(c.conns) {
+				t.Errorf("%d connections, want %d", n, c.conns)
+			}
+		})
+	}
+}
+
+// TestShortPathStopMidCall: skeind closing its socket (SIGTERM) while a
+// short-path call runs still answers that call.
+func TestShortPathStopMidCall(t *testing.T) {
+	f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: &rpc.CNIReply{Result: []byte("done")}, delay: 300 * time.Millisecond}
+	ss := serveSkeind(t, f)
+	go func() {
+		<-f.got
+		ss.split.Close()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rep, err := Call(ctx, ss.sock, "Add", Request{ContainerID: "g"})
+	if err != nil || string(rep.Result) != "done" {
+		t.Fatalf("call during a stop: %v, %v; want the server's answer", rep, err)
+	}
+	ss.split.Wait()
+	if _, err := Call(ctx, ss.sock, "Add", Request{}); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("call after the stop: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestSplitServesGRPC: on skeind's socket, a gRPC client (skeinctl, an
+// older CNI binary) is served by the gRPC server, its first bytes replayed
+// to it; none of its calls goes to the short path.
+func TestSplitServesGRPC(t *testing.T) {
+	f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: &rpc.CNIReply{Result: []byte("r")}}
+	ss := serveSkeind(t, f)
+	conn, err := grpc.NewClient("unix://"+ss.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rep, err := rpc.NewCNIClient(conn).Add(ctx, &rpc.CNIRequest{ContainerId: "grpc"})
+	if err != nil || string(rep.Result) != "r" {
+		t.Fatalf("gRPC call through the split: %v, %v", rep, err)
+	}
+	if got := <-f.got; got.ContainerId != "grpc" {
+		t.Errorf("server got %v", got)
+	}
+	// The HTTP/2 client of this package, on its own, too.
+	if rep, err := callGRPC(ctx, ss.sock, "/skein.v1.CNI/Add", encodeRequest(Request{ContainerID: "h2"})); err != nil || string(rep.Result) != "r" {
+		t.Fatalf("callGRPC through the split: %v, %v", rep, err)
+	}
+	<-f.got
+	if n := ss.wire.Load(); n != 0 {
+		t.Errorf("%d gRPC calls went to the short path", n)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // method (a trailers-only reply), a result spanning two DATA frames, and a
 // call answered during GracefulStop (GOAWAY first).
 
-// FuzzReply feeds the bytes to Call as the server's side of the
+// FuzzReply feeds the bytes to the gRPC call as the server's side of the
 // connection, then closes it. Call must return before its deadline, with
 // either a reply or a *StatusError; it must refuse a frame larger than
 // the 16 KiB it allows; and a reply it accepts must be what the DATA
@@ -52,7 +52,7 @@ func FuzzReply(f *testing.F) {
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		rep, err := Call(ctx, sock, "Add", Request{ContainerID: "fuzz", IfName: "eth0"})
+		rep, err := callGRPC(ctx, sock, "/skein.v1.CNI/Add", encodeRequest(Request{ContainerID: "fuzz", IfName: "eth0"}))
 		if ctx.Err() != nil {
 			t.Fatalf("Call was still reading when its deadline came (the server had closed): %v", err)
 		}

@@ -134,7 +134,10 @@ type h2conn struct {
 // does when the grpc-timeout we sent runs out.
 var errCanceledByPeer = errors.New("stream reset by peer: CANCEL")
 
-func (c *h2conn) fail(ctx context.Context, err error) error {
+func (c *h2conn) fail(ctx context.Context, err error) error { return callErr(ctx, err) }
+
+// callErr turns a failed call into the StatusError the caller sees.
+func callErr(ctx context.Context, err error) error {
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return &StatusError{Code: CodeCanceled, Message: "canceled: " + err.Error()}
 	}

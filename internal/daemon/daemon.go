@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/cniwire"
+	"github.com/skeinnet/skein/internal/cniwire/wireserver"
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/ipam"
 	"github.com/skeinnet/skein/internal/keylock"
@@ -114,7 +116,11 @@ type Daemon struct {
 	exportKick chan struct{}
 	done       chan struct{}
 
-	grpc    *grpc.Server
+	grpc *grpc.Server
+	// wire: the services the short path serves (RegisterCNIMethods);
+	// split shares the socket between it and gRPC.
+	wire    map[string]rpc.CNIMethods
+	split   *cniwire.Split
 	onStop  []func()
 	http    *http.Server
 	closeMu sync.Mutex
@@ -206,7 +212,10 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("pod networks: %w", err)
 	}
 	d.grpc = grpc.NewServer()
-	rpc.RegisterCNIServer(d.grpc, &cniServer{d: d})
+	cs := &cniServer{d: d}
+	rpc.RegisterCNIServer(d.grpc, cs)
+	d.wire = map[string]rpc.CNIMethods{}
+	d.RegisterCNIMethods(rpc.CNI_ServiceDesc.ServiceName, cs)
 	rpc.RegisterAdminServer(d.grpc, &adminServer{d: d})
 	rpc.RegisterPodsServer(d.grpc, &podsServer{d: d})
 	return d, nil
@@ -215,6 +224,13 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 // GRPC is the server behind the socket; front doors in other packages
 // register their services on it before Serve.
 func (d *Daemon) GRPC() *grpc.Server { return d.grpc }
+
+// RegisterCNIMethods serves m's methods (a service registered on the gRPC
+// server) as /<service>/<Method> on the CNI binaries' short path too
+// (package cniwire); call it with the gRPC registration, before Serve.
+func (d *Daemon) RegisterCNIMethods(service string, m rpc.CNIMethods) {
+	d.wire[service] = m
+}
 
 // OnStop registers f to run when the daemon closes, before the store is
 // closed (front doors stop their own servers there). Not safe to call
@@ -311,7 +327,11 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		}()
 		d.ipam.Run(rctx)
 	}()
-	go func() { errc <- d.grpc.Serve(l) }()
+	// The CNI binaries' short path and gRPC share the socket.
+	d.closeMu.Lock()
+	d.split = cniwire.NewSplit(l, wireserver.Handler(d.wire))
+	d.closeMu.Unlock()
+	go func() { errc <- d.grpc.Serve(d.split.Listener()) }()
 	d.log.Info("skeind serving", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "node", d.cfg.Node,
 		"store", d.st.Describe(), "version", Version)
 	select {
@@ -342,6 +362,19 @@ func (d *Daemon) Close() error {
 		case <-time.After(10 * time.Second):
 			d.log.Warn("calls still running after 10s; stopping anyway")
 			d.grpc.Stop()
+		}
+	}
+	if d.split != nil {
+		// The short path's calls in flight, on the same terms.
+		d.split.Close()
+		waited := make(chan struct{})
+		go func() { d.split.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			d.log.Warn("short-path calls still running after 10s; canceling them")
+			d.split.Abort()
+			<-waited
 		}
 	}
 	for i := len(d.onStop) - 1; i >= 0; i-- {

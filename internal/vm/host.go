@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/store"
 )
 
@@ -20,6 +21,9 @@ type Host interface {
 	Logger() *slog.Logger
 	// GRPC is the server the VM service registers on, before it serves.
 	GRPC() *grpc.Server
+	// RegisterCNIMethods serves the same service on the CNI binaries'
+	// short path (internal/cniwire).
+	RegisterCNIMethods(service string, m rpc.CNIMethods)
 	// OnStop registers f to run when the daemon closes, before the
 	// store is closed.
 	OnStop(f func())

@@ -94,6 +94,7 @@ func Register(ctx context.Context, d Host, o Options) (*Service, error) {
 		return nil, err
 	}
 	rpc.RegisterVMServer(d.GRPC(), s)
+	d.RegisterCNIMethods(rpc.VM_ServiceDesc.ServiceName, s)
 	d.OnStop(s.Close)
 	s.log.Info("vm front door ready", "socket", o.Socket, "tokens", o.TokenDir)
 	return s, nil

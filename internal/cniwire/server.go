@@ -1,0 +1,152 @@
+package cniwire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// Handler runs one call: the method ("/service/Method") with the request
+// body; it returns the reply (Body set when Code is 0).
+type Handler func(ctx context.Context, method string, body []byte) Reply
+
+// sniffTimeout bounds the wait for a new connection's first bytes. A
+// gRPC client writes its preface at once, the skein binary its request.
+const sniffTimeout = 5 * time.Second
+
+// Split serves this package's calls on a listener it shares with another
+// server (gRPC): Listener returns the connections that are not ours, their
+// first bytes replayed. Close it to stop both.
+type Split struct {
+	l       net.Listener
+	handler Handler
+	other   chan net.Conn
+	done    chan struct{}
+	once    sync.Once
+	calls   sync.WaitGroup
+	// base ends calls in flight when Close is called with Abort.
+	base   context.Context
+	cancel context.CancelFunc
+	err    error // the Accept error that ended the loop
+}
+
+// NewSplit starts accepting on l.
+func NewSplit(l net.Listener, h Handler) *Split {
+	s := &Split{l: l, handler: h, other: make(chan net.Conn), done: make(chan struct{})}
+	s.base, s.cancel = context.WithCancel(context.Background())
+	go s.accept()
+	return s
+}
+
+func (s *Split) accept() {
+	for {
+		c, err := s.l.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.closeWith(err)
+			return
+		}
+		go s.sniff(c)
+	}
+}
+
+// sniff reads a connection's first bytes and routes it.
+func (s *Split) sniff(c net.Conn) {
+	c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	br := bufio.NewReader(c)
+	first, err := br.Peek(magicLength)
+	if err == nil && isRequest(first) {
+		br.Discard(magicLength)
+		s.calls.Add(1)
+		defer s.calls.Done()
+		s.serve(c, br)
+		return
+	}
+	if len(first) == 0 {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	select {
+	case s.other <- &peeked{Conn: c, r: br}:
+	case <-s.done:
+		c.Close()
+	}
+}
+
+// serve reads the request, acknowledges it, runs it and answers.
+func (s *Split) serve(c net.Conn, br *bufio.Reader) {
+	defer c.Close()
+	req, err := ReadRequest(br)
+	if err != nil {
+		return // malformed or cut short: nothing was run
+	}
+	c.SetReadDeadline(time.Time{})
+	if _, err := c.Write([]byte(AckMagic)); err != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(s.base)
+	defer cancel()
+	if req.TimeoutMS > 0 {
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMS)*time.Millisecond)
+		defer cancel()
+	}
+	rep := s.handler(ctx, req.Method, req.Body)
+	c.Write(AppendReply(nil, rep))
+}
+
+// Listener is what a gRPC server serves: the connections that are not
+// this package's calls.
+func (s *Split) Listener() net.Listener { return otherListener{s} }
+
+// Close stops accepting. Calls in flight go on (Wait waits for them).
+func (s *Split) Close() error { return s.closeWith(nil) }
+
+// closeWith closes once; cause (an Accept error) is what the other
+// listener's Accept returns from then on.
+func (s *Split) closeWith(cause error) error {
+	var err error
+	s.once.Do(func() {
+		s.err = cause
+		close(s.done)
+		err = s.l.Close()
+	})
+	return err
+}
+
+// Abort cancels the calls in flight.
+func (s *Split) Abort() { s.cancel() }
+
+// Wait waits for the calls in flight.
+func (s *Split) Wait() { s.calls.Wait() }
+
+type otherListener struct{ s *Split }
+
+func (o otherListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-o.s.other:
+		return c, nil
+	case <-o.s.done:
+		if o.s.err != nil {
+			return nil, o.s.err
+		}
+		return nil, net.ErrClosed
+	}
+}
+
+func (o otherListener) Close() error   { return o.s.Close() }
+func (o otherListener) Addr() net.Addr { return o.s.l.Addr() }
+
+// peeked is a connection whose first bytes were read into r.
+type peeked struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (p *peeked) Read(b []byte) (int, error) { return p.r.Read(b) }
