@@ -32,8 +32,11 @@ import (
 //   - call: skeind's CNI Add through the plugin's own client, no exec —
 //     the call and all of skeind's work;
 //
-//   - noop-call: a method skeind does not have — connection, HTTP/2 and
-//     gRPC dispatch without skeind's work;
+//   - call-grpc: the same over gRPC (the path of a skeind without the
+//     short one, package cniwire);
+//
+//   - noop-call: a method skeind does not have — connection and dispatch
+//     without skeind's work (noop-call-grpc: over gRPC);
 //
 //   - exec: the skein binary exec'd directly with the CNI environment, no
 //     libcni;
@@ -82,13 +85,14 @@ func BenchmarkADDParts(b *testing.B) {
 			b.Fatalf("%s: %v", part, err)
 		}
 	}
-	call := func(method, id string, pod *harness.NS) error {
-		rep, err := cniclient.Call(ctx, d.Socket, method, cniclient.Request{ContainerID: id, NetNS: pod.Path(), IfName: "eth0", NetConf: conf})
+	callVia := func(via func(context.Context, string, string, string, cniclient.Request) (*cniclient.Reply, error), method, id string, pod *harness.NS) error {
+		rep, err := via(ctx, d.Socket, "skein.v1.CNI", method, cniclient.Request{ContainerID: id, NetNS: pod.Path(), IfName: "eth0", NetConf: conf})
 		if err == nil && rep.Error != nil {
 			err = fmt.Errorf("%s", rep.Error.Msg)
 		}
 		return err
 	}
+	call := func(method, id string, pod *harness.NS) error { return callVia(cniclient.CallService, method, id, pod) }
 	execIn := func(dir, verb, id string, pod *harness.NS) error {
 		cmd := exec.Command(filepath.Join(dir, "skein"))
 		if dir != d.BinDir {
@@ -120,13 +124,19 @@ func BenchmarkADDParts(b *testing.B) {
 		id := fmt.Sprintf("call%d", i)
 		timed("call", func() error { return call("Add", id, ps[1]) })
 		_ = call("Del", id, ps[1])
-		timed("noop-call", func() error {
-			_, err := cniclient.CallService(ctx, d.Socket, "skein.v1.Nothing", "Add", cniclient.Request{})
-			if err == nil {
-				return fmt.Errorf("an unknown service answered")
-			}
-			return nil
-		})
+		id = fmt.Sprintf("callg%d", i)
+		timed("call-grpc", func() error { return callVia(cniclient.CallServiceGRPC, "Add", id, ps[1]) })
+		_ = call("Del", id, ps[1])
+		for part, via := range map[string]func(context.Context, string, string, string, cniclient.Request) (*cniclient.Reply, error){
+			"noop-call": cniclient.CallService, "noop-call-grpc": cniclient.CallServiceGRPC,
+		} {
+			timed(part, func() error {
+				if _, err := via(ctx, d.Socket, "skein.v1.Nothing", "Add", cniclient.Request{}); err == nil {
+					return fmt.Errorf("an unknown service answered")
+				}
+				return nil
+			})
+		}
 		id = fmt.Sprintf("exec%d", i)
 		timed("exec", func() error { return execSkein("ADD", id, ps[2]) })
 		_ = execSkein("DEL", id, ps[2])
@@ -150,7 +160,7 @@ func BenchmarkADDParts(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	for _, part := range []string{"floor", "dataplane", "call", "noop-call", "exec", "exec-version", "exec-floor-direct", "libcni", "exec-floor"} {
+	for _, part := range []string{"floor", "dataplane", "call", "call-grpc", "noop-call", "noop-call-grpc", "exec", "exec-version", "exec-floor-direct", "libcni", "exec-floor"} {
 		l := lat[part]
 		slices.Sort(l)
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-p50-ms")

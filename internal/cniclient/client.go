@@ -115,6 +115,12 @@ func callWire(ctx context.Context, socket, path string, body []byte) (*Reply, er
 	return decodeReply(rep.Body)
 }
 
+// CallServiceGRPC is CallService over gRPC alone, the path to a skeind
+// without the short one (benchmarks compare the two).
+func CallServiceGRPC(ctx context.Context, socket, service, method string, req Request) (*Reply, error) {
+	return callGRPC(ctx, socket, "/"+service+"/"+method, encodeRequest(req))
+}
+
 // callGRPC makes the call as a unary gRPC call on a connection of its
 // own.
 func callGRPC(ctx context.Context, socket, path string, body []byte) (*Reply, error) {
