@@ -42,16 +42,25 @@ func NewSplit(l net.Listener, h Handler) *Split {
 }
 
 func (s *Split) accept() {
+	var backoff time.Duration
 	for {
 		c, err := s.l.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			// Out of file descriptors and the like: wait and try again,
+			// as grpc-go's own loop does, rather than stop serving.
+			var te interface{ Temporary() bool }
+			if errors.As(err, &te) && te.Temporary() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-s.done:
+				}
 			}
 			s.closeWith(err)
 			return
 		}
+		backoff = 0
 		go s.sniff(c)
 	}
 }
