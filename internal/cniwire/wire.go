@@ -59,13 +59,8 @@ const (
 	magicLength = len(RequestMagic)
 )
 
-// Status codes used by this package (gRPC's numbering).
-const (
-	CodeOK            = 0
-	CodeUnknown       = 2
-	CodeUnimplemented = 12
-	CodeInternal      = 13
-)
+// CodeOK is gRPC's status code for success; a Reply carries gRPC's codes.
+const CodeOK = 0
 
 // ErrNotSkeinWire: the peer did not answer with AckMagic (a skeind
 // without this path, or not skeind); nothing was run.

@@ -136,51 +136,76 @@ func (p *pool) close() {
 }
 
 // prestart starts an init that waits for its spec.
-func (s *Sandbox) prestart() (w *warmInit, err error) {
-	// The child's ends are closed here once it has them (or on failure,
-	// with ours).
-	var childIn, childOut, childErr, childStatus, childSpec *os.File
-	w = &warmInit{sb: s}
-	defer func() {
-		for _, f := range []*os.File{childIn, childOut, childErr, childStatus, childSpec} {
-			if f != nil {
-				f.Close()
-			}
-		}
-		if err != nil {
-			w.closeFiles()
-			s.dropCgroup(w.cg)
-		}
-	}()
-	for _, pp := range []struct{ r, w **os.File }{
-		{&childIn, &w.stdin}, {&w.stdout, &childOut}, {&w.stderr, &childErr},
-		{&w.status, &childStatus}, {&childSpec, &w.spec},
-	} {
-		if *pp.r, *pp.w, err = os.Pipe(); err != nil {
-			return nil, fmt.Errorf("sandbox pipe: %w", err)
-		}
+func (s *Sandbox) prestart() (*warmInit, error) {
+	w := &warmInit{sb: s}
+	if _, err := s.startWaiting(w, 0, sandboxinit.WarmEnv+"=1"); err != nil {
+		w.closeFiles()
+		return nil, err
 	}
-	cmd := s.initCommand(context.Background(), sandboxinit.WarmEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, childErr
-	cmd.ExtraFiles = []*os.File{childStatus, childSpec} // fds 3 and 4
-	if err = startLocked(cmd); err != nil {
-		return nil, fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err)
-	}
-	w.cmd = cmd
-	w.holdMounts()
 	// The call's cgroups are made now and the init moved into them before
 	// it counts as ready: both off the call's path. (On cgroup v1 a move
 	// waits for an RCU grace period, several milliseconds; a cold start
 	// pays it on the call's path.)
+	var err error
 	if w.cg, err = s.newCgroup(""); err == nil {
-		err = w.cg.add(cmd.Process.Pid)
+		err = w.cg.add(w.cmd.Process.Pid)
 	}
 	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
+		w.discard()
 		return nil, err
 	}
 	return w, nil
+}
+
+// startWaiting starts an init with env (added to initCommand's) that
+// waits: its stdin, stdout, stderr, status (fd 3) and spec (fd 4) pipes
+// end in w, and it holds the write ends of extra more pipes (fds 5 on),
+// whose read ends are returned. The child's ends are closed here; on
+// failure the caller closes w's (closeFiles).
+func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.File, error) {
+	type end struct {
+		ours       **os.File
+		childReads bool
+	}
+	ends := []end{{&w.stdin, true}, {&w.stdout, false}, {&w.stderr, false}, {&w.status, false}, {&w.spec, true}}
+	reads := make([]*os.File, extra)
+	for i := range reads {
+		ends = append(ends, end{&reads[i], false})
+	}
+	var child []*os.File
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+	}()
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range reads {
+			if f != nil {
+				f.Close()
+			}
+		}
+		return nil, err
+	}
+	for _, e := range ends {
+		r, wr, err := os.Pipe()
+		if err != nil {
+			return fail(fmt.Errorf("sandbox pipe: %w", err))
+		}
+		if e.childReads {
+			*e.ours, child = wr, append(child, r)
+		} else {
+			*e.ours, child = r, append(child, wr)
+		}
+	}
+	cmd := s.initCommand(context.Background(), env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
+	cmd.ExtraFiles = child[3:] // fds 3, 4, ...
+	if err := startLocked(cmd); err != nil {
+		return fail(fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err))
+	}
+	w.cmd = cmd
+	w.holdMounts()
+	return reads, nil
 }
 
 // claim hands is to the waiting init, feeds it stdin and collects its

@@ -1,12 +1,10 @@
 package sandbox
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -306,7 +304,7 @@ func (p *prepared) close() {
 // prepare starts an init that builds layout in cgroups of its own and
 // returns once it waits for its call; a failure to build is an error
 // carrying the init's reason.
-func (s *Sandbox) prepare(layout *sandboxinit.Spec) (_ *warmInit, err error) {
+func (s *Sandbox) prepare(layout *sandboxinit.Spec) (*warmInit, error) {
 	cg, err := s.newCgroup("")
 	if err != nil {
 		return nil, err
@@ -318,53 +316,29 @@ func (s *Sandbox) prepare(layout *sandboxinit.Spec) (_ *warmInit, err error) {
 		s.dropCgroup(cg)
 		return nil, fmt.Errorf("encode sandbox layout: %w", err)
 	}
-	var childIn, childOut, childErr, childStatus, childSpec, childReady, ready *os.File
 	w := &warmInit{sb: s, cg: cg}
-	defer func() {
-		for _, f := range []*os.File{childIn, childOut, childErr, childStatus, childSpec, childReady, ready} {
-			if f != nil {
-				f.Close()
-			}
-		}
-		if err != nil {
-			w.closeFiles()
-			s.dropCgroup(cg)
-		}
-	}()
-	for _, pp := range []struct{ r, w **os.File }{
-		{&childIn, &w.stdin}, {&w.stdout, &childOut}, {&w.stderr, &childErr},
-		{&w.status, &childStatus}, {&childSpec, &w.spec}, {&ready, &childReady},
-	} {
-		if *pp.r, *pp.w, err = os.Pipe(); err != nil {
-			return nil, fmt.Errorf("sandbox pipe: %w", err)
-		}
+	reads, err := s.startWaiting(w, 1, sandboxinit.PreparedEnv+"=1", sandboxinit.SpecEnv+"="+string(raw))
+	if err != nil {
+		w.closeFiles()
+		s.dropCgroup(cg)
+		return nil, err
 	}
-	cmd := s.initCommand(context.Background(), sandboxinit.PreparedEnv+"=1", sandboxinit.SpecEnv+"="+string(raw))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, childErr
-	cmd.ExtraFiles = []*os.File{childStatus, childSpec, childReady} // fds 3, 4, 5
-	if err = startLocked(cmd); err != nil {
-		return nil, fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err)
-	}
-	childReady.Close()
-	childReady = nil
-	childStatus.Close()
-	childStatus = nil
+	ready := reads[0] // fd 5
+	defer ready.Close()
 	ready.SetReadDeadline(time.Now().Add(prepareTimeout))
 	msg, rerr := io.ReadAll(io.LimitReader(ready, 64))
 	if string(msg) != sandboxinit.ReadyMsg {
 		// It failed to build (its reason is on the status pipe), or
 		// hangs.
 		if rerr != nil {
-			cmd.Process.Kill()
+			w.cmd.Process.Kill()
 		}
 		why, _ := io.ReadAll(io.LimitReader(w.status, 4096))
-		cmd.Wait()
+		w.discard()
 		if len(why) == 0 {
 			why = []byte("not ready after " + prepareTimeout.String())
 		}
 		return nil, errors.New(string(why))
 	}
-	w.cmd = cmd
-	w.holdMounts()
 	return w, nil
 }
