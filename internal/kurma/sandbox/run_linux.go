@@ -209,11 +209,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		}
 		return nil, err
 	}
-	tExec := time.Now()
 	werr := wait()
-	if os.Getenv("SKEIN_TIMING") != "" {
-		fmt.Fprintf(os.Stderr, "TIMING %d %d %s\n", tExec.Sub(begin).Microseconds(), time.Since(tExec).Microseconds(), strings.TrimSpace(string(stderr.bytes())))
-	}
 	ran = true
 	res := &Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.bytes(), Duration: time.Since(begin)}
 	switch {
