@@ -212,7 +212,22 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 		res.Pod = rec
 		return res, nil
 	}
-	if err := m.putRecord(ctx, rec); err != nil {
+	// The first image network's call goes to the sandbox while the intent
+	// is written: its init gets the call and checks it meanwhile, and runs
+	// it only once the intent is on disk (sandbox.Spec.Wait); if the
+	// intent cannot be written, the call never runs.
+	intent := newGate()
+	var first chan error
+	if i := intended[0]; states[i] != nil {
+		first = make(chan error, 1)
+		go func() { first <- m.addOne(ctx, &rec, base, states[i], intent.wait) }()
+	}
+	err = m.putRecord(ctx, rec)
+	intent.open(err)
+	if err != nil {
+		if first != nil {
+			<-first
+		}
 		return AttachResult{}, err
 	}
 	bg := context.WithoutCancel(ctx)
@@ -221,7 +236,12 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	var failure error
 	for j, i := range intended {
 		p, idx := plan[i], base+j
-		err := m.addOne(ctx, &rec, idx, states[i])
+		var err error
+		if j == 0 && first != nil {
+			err = <-first
+		} else {
+			err = m.addOne(ctx, &rec, idx, states[i], nil)
+		}
 		if err == nil {
 			added[j] = true
 			continue
@@ -272,15 +292,16 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 }
 
 // addOne runs the add of rec.Attachments[idx] and fills in its outcome
-// (in memory: the caller records it).
-func (m *Manager) addOne(ctx context.Context, rec *PodRecord, idx int, s *netState) error {
+// (in memory: the caller records it). wait, when set, is the go of an
+// image network's call (sandbox.Spec.Wait).
+func (m *Manager) addOne(ctx context.Context, rec *PodRecord, idx int, s *netState, wait func(context.Context) error) error {
 	a := rec.Attachments[idx]
 	if s != nil && s.sv != nil {
 		if err := s.sv.Err(); err != nil {
 			return err
 		}
 	}
-	result, err := m.add(ctx, rec, a, s)
+	result, err := m.add(ctx, rec, a, s, wait)
 	if err == nil {
 		a.Result, err = encodeResult(result)
 	}
@@ -380,4 +401,28 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 		plan = append(plan, planned{net: n, ifname: ifname})
 	}
 	return plan, nil
+}
+
+// gate is a go or a refusal, given once to the calls that wait for it.
+type gate struct {
+	done chan struct{}
+	err  error
+}
+
+func newGate() *gate { return &gate{done: make(chan struct{})} }
+
+// open gives the go (err nil) or the refusal.
+func (g *gate) open(err error) {
+	g.err = err
+	close(g.done)
+}
+
+// wait returns what open gave, or ctx's end first.
+func (g *gate) wait(ctx context.Context) error {
+	select {
+	case <-g.done:
+		return g.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }

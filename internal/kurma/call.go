@@ -19,8 +19,9 @@ import (
 )
 
 // add runs one network's add: skeind's own pools for a built-in network,
-// else /opt/network/add of its image in a sandbox.
-func (m *Manager) add(ctx context.Context, rec *PodRecord, a AttachmentRecord, s *netState) (*current.Result, error) {
+// else /opt/network/add of its image in a sandbox, started once wait (if
+// set) lets it (sandbox.Spec.Wait).
+func (m *Manager) add(ctx context.Context, rec *PodRecord, a AttachmentRecord, s *netState, wait func(context.Context) error) (*current.Result, error) {
 	if a.Builtin() {
 		out, err := m.pools.AttachPool(ctx, poolRequest(rec, a))
 		if err != nil {
@@ -28,7 +29,7 @@ func (m *Manager) add(ctx context.Context, rec *PodRecord, a AttachmentRecord, s
 		}
 		return ConvertResult(out, "", a.IfName, rec.NetNS)
 	}
-	out, err := m.call(ctx, sandbox.OpAdd, rec, a, s.img)
+	out, err := m.call(ctx, sandbox.OpAdd, rec, a, s.img, wait)
 	if err != nil {
 		return nil, err
 	}
@@ -68,11 +69,11 @@ func (m *Manager) del(ctx context.Context, rec *PodRecord, a AttachmentRecord) e
 		return fmt.Errorf("image %s of network %q: %w", a.Digest, a.Network, err)
 	}
 	defer release()
-	_, err = m.call(ctx, sandbox.OpDel, rec, a, img)
+	_, err = m.call(ctx, sandbox.OpDel, rec, a, img, nil)
 	return err
 }
 
-func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a AttachmentRecord, img image.Image) ([]byte, error) {
+func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a AttachmentRecord, img image.Image, wait func(context.Context) error) ([]byte, error) {
 	dir, err := m.stateDir(a.Network)
 	if err != nil {
 		return nil, err
@@ -97,6 +98,7 @@ func (m *Manager) call(ctx context.Context, op sandbox.Op, rec *PodRecord, a Att
 		// so it frees what lives outside the namespace.
 		spec.NetNS = ""
 	}
+	spec.Wait = wait
 	r, err := runner.Run(ctx, rec.ID, spec)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/skeinnet/skein/internal/kurma"
 	"github.com/skeinnet/skein/internal/netns"
+	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -366,6 +368,70 @@ func TestRecoverInterruptedAdd(t *testing.T) {
 	}
 	if got := links(t, ns); !equal(got, []string{"net0"}) {
 		t.Errorf("pod interfaces %v, want net0 only", got)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft(uuid1, ns)
+}
+
+// failingMeta fails the pod records' writes while fail is set.
+type failingMeta struct {
+	store.Store
+	fail atomic.Bool
+}
+
+var errDiskFull = errors.New("injected: no space left on device")
+
+func (f *failingMeta) PutMeta(ctx context.Context, kind, key string, value []byte) error {
+	if kind == kurma.MetaKind && f.fail.Load() {
+		return errDiskFull
+	}
+	return f.Store.PutMeta(ctx, kind, key, value)
+}
+
+// TestIntentNotWritten: an image network's call is handed to its sandbox
+// while the intent is written; when the intent cannot be written, the
+// attach fails with that error, the plugin never runs (warm and prepared
+// inits both: the second attach finds one prepared for the layout) and
+// nothing is left. Once the store works again, the same pod attaches.
+func TestIntentNotWritten(t *testing.T) {
+	w := newWorld(t, testNets)
+	w.d.Close()
+	bolt, err := store.OpenBolt(filepath.Join(w.dir, "failing.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &failingMeta{Store: bolt}
+	w.cfg.Store = st
+	w.start()
+	ctx := context.Background()
+	ns := w.pod()
+	// A first attach and detach: the network's layout is known to the
+	// sandbox, so the next calls may find prepared inits.
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	st.fail.Store(true)
+	for i := range 3 {
+		id := fmt.Sprintf("pod-intent-%d", i)
+		_, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: id, NetNS: ns.Path(), Networks: sel("good", "oldstyle")})
+		if !errors.Is(err, errDiskFull) {
+			t.Fatalf("attach %d: err = %v, want the store's error", i, err)
+		}
+		// A late start would show in the plugin's log.
+		time.Sleep(100 * time.Millisecond)
+		if got := w.calls(id); len(got) > 0 {
+			t.Errorf("attach %d: plugin calls %q without an intent on disk", i, got)
+		}
+		w.assertNothingLeft(id, ns)
+	}
+	st.fail.Store(false)
+	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good")}); err != nil {
+		t.Fatalf("attach once the store works: %v", err)
 	}
 	if err := w.pods.Detach(ctx, uuid1); err != nil {
 		t.Fatal(err)

@@ -210,9 +210,10 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 
 // claim hands is to the waiting init, feeds it stdin and collects its
 // output, like a cold start: it returns once the executable runs, with the
-// function that waits for it; or an *Error wrapping ErrSetup; or errStale.
-// Cancelling ctx kills the tree.
-func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte, stdout, stderr io.Writer) (func() error, error) {
+// function that waits for it; or an *Error wrapping ErrSetup; or errStale;
+// or the error of wait (Spec.Wait, called once the init has the spec), the
+// init then killed before it exec'd. Cancelling ctx kills the tree.
+func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte, stdout, stderr io.Writer, wait func(context.Context) error) (func() error, error) {
 	raw, err := json.Marshal(is)
 	if err != nil {
 		w.discard()
@@ -221,6 +222,15 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 	if _, err := w.spec.Write(raw); err != nil {
 		w.discard()
 		return nil, errStale
+	}
+	if wait != nil {
+		// The init execs only at the spec pipe's end (the go): killed
+		// before it, it never ran the executable.
+		if err := wait(ctx); err != nil {
+			w.cmd.Process.Kill()
+			w.discard()
+			return nil, err
+		}
 	}
 	w.spec.Close()
 	stopKill := context.AfterFunc(ctx, func() { w.cmd.Process.Kill() })

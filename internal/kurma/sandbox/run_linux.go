@@ -169,7 +169,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if ok {
 		if w := s.prepared.take(key, layout); w != nil {
 			cg, mntns = w.cg, w.mntns
-			if wait, err = w.claim(ctx, call, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
+			if wait, err = w.claim(ctx, call, spec.Stdin, stdout, stderr, spec.Wait); !errors.Is(err, errStale) {
 				s.pool.prep.Add(1)
 			}
 		}
@@ -179,7 +179,7 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 			s.dropCgroup(cg)
 			s.release(mntns)
 			cg, mntns = w.cg, w.mntns
-			if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr); !errors.Is(err, errStale) {
+			if wait, err = w.claim(ctx, is, spec.Stdin, stdout, stderr, spec.Wait); !errors.Is(err, errStale) {
 				s.pool.warm.Add(1)
 			}
 		}
@@ -193,6 +193,11 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		}
 		is.Cgroups = cg.procs()
 		s.pool.cold.Add(1)
+		if spec.Wait != nil {
+			if err := spec.Wait(ctx); err != nil {
+				return nil, err
+			}
+		}
 		var cmd *exec.Cmd
 		if cmd, err = s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stopHow{}); err == nil {
 			wait = cmd.Wait

@@ -269,6 +269,58 @@ func TestContextCancelKillsTree(t *testing.T) {
 	})
 }
 
+// TestWait: Spec.Wait holds the executable back, however the call starts.
+// Held for a while, the executable has not run (it leaves a mark in the
+// state directory the moment it starts, before it reads stdin, which the
+// sandbox only writes once Wait let go); let go, it runs once; refused,
+// the call fails with Wait's error and the executable never ran.
+func TestWait(t *testing.T) {
+	bothStarts(t, Options{}, func(t *testing.T, e *testEnv) {
+		mark := filepath.Join(e.state, "starts")
+		ran := func() bool {
+			_, err := os.Stat(mark)
+			return err == nil
+		}
+		refused := errors.New("the intent is not on disk")
+		for _, let := range []bool{true, false} {
+			os.Remove(mark)
+			spec := e.spec(`{"mode":"die-after","ms":0}`)
+			spec.Env = append(spec.Env, "MARK_AT_START=1")
+			var waits int
+			spec.Wait = func(ctx context.Context) error {
+				waits++
+				time.Sleep(100 * time.Millisecond)
+				if ran() {
+					t.Errorf("go=%v: the executable ran before Wait returned", let)
+				}
+				if let {
+					return nil
+				}
+				return refused
+			}
+			_, err := e.run(t, context.Background(), spec)
+			if waits != 1 {
+				t.Errorf("go=%v: Wait called %d times, want 1", let, waits)
+			}
+			if let {
+				// die-after exits 3 once it has left its mark.
+				var se *Error
+				if !errors.As(err, &se) || se.ExitCode != 3 || !ran() {
+					t.Errorf("let go: err = %v, mark left %v; want exit status 3 and the mark", err, ran())
+				}
+				continue
+			}
+			if !errors.Is(err, refused) {
+				t.Errorf("refused: err = %v, want Wait's error", err)
+			}
+			time.Sleep(100 * time.Millisecond) // a late start would show
+			if ran() {
+				t.Error("refused: the executable ran")
+			}
+		}
+	})
+}
+
 // TestFailures: a crash, a CNI error, garbage and a missing executable each
 // give a clear *Error, with what the plugin said.
 func TestFailures(t *testing.T) {
@@ -642,9 +694,17 @@ func TestWarmStaleView(t *testing.T) {
 			}
 		}
 		warm, cold := sb.pool.warm.Load(), sb.pool.cold.Load()
-		res, err := sb.Run(context.Background(), p.Call(OpAdd, late, "uuid", "eth0"))
+		spec := p.Call(OpAdd, late, "uuid", "eth0")
+		// Wait is asked again when the stale init gives way to a cold
+		// start.
+		var waits int
+		spec.Wait = func(context.Context) error { waits++; return nil }
+		res, err := sb.Run(context.Background(), spec)
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
+		}
+		if want := map[string]int{"cold": 2, "warm": 1}[want]; waits != want {
+			t.Errorf("call %d: Wait called %d times, want %d", i, waits, want)
 		}
 		var r probeReport
 		if err := json.Unmarshal(res.Stdout, &r); err != nil {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -215,6 +216,14 @@ type Spec struct {
 	StateMount string
 	// Timeout bounds the call (Run only). Default Options.Timeout.
 	Timeout time.Duration
+	// Wait, when set, is the caller's go (Run only): the sandbox does what
+	// it can before the executable starts (a warm or prepared init gets
+	// the call and checks it; a warm one builds the filesystem), then
+	// calls Wait, and starts the executable only if it returns nil. An
+	// error ends the call with that error before anything of it ran: no
+	// process of the call ever ran the executable. It may be called more
+	// than once (a stale init is replaced) and must then return the same.
+	Wait func(ctx context.Context) error `json:"-"`
 }
 
 // Op names an executable of the Kurma contract.

@@ -16,11 +16,18 @@ import (
 // The protocol between a sandbox and its init: argv[0] is Arg0; the layout
 // is Spec as JSON, either in the environment variable SpecEnv (a cold
 // start) or, when WarmEnv is set instead, read from file descriptor SpecFD
-// until EOF (a warm start: the init was started ahead of need and waits
-// there, the namespaces already made); file descriptor ErrFD is the write
-// end of a pipe that stays silent and closes on a successful exec, or
-// carries the reason setup failed. A warm init whose SpecFD closes empty
-// exits quietly.
+// (a warm start: the init was started ahead of need and waits there, the
+// namespaces already made); file descriptor ErrFD is the write end of a
+// pipe that stays silent and closes on a successful exec, or carries the
+// reason setup failed. A warm init whose SpecFD closes empty exits
+// quietly.
+//
+// On SpecFD the spec is one JSON document, and the pipe's end is the go:
+// the init does all it can with the spec (a warm init builds the whole
+// sandbox) and execs only once SpecFD reaches EOF, so the sandbox can hand
+// a call over before the caller lets it run (sandbox.Spec.Wait). Anything
+// after the document is refused; a sandbox that calls a start off kills
+// the init.
 //
 // A prepared start has both: SpecEnv holds a Spec without the executable
 // (Path, Args, Env), and PreparedEnv is set. The init builds the whole
@@ -98,17 +105,30 @@ func MaybeRun() {
 		return
 	}
 	err := enslave()
-	if err == nil && !cold {
-		raw, err = waitForSpec()
-	}
 	var s Spec
-	if err == nil {
+	var spec *specReader
+	switch {
+	case err != nil:
+	case cold:
 		err = s.decode(raw)
+	default:
+		if spec, err = readSpec(&s); err == nil {
+			err = s.checkView()
+		}
 	}
 	if err == nil {
-		err = s.enter()
+		err = s.build()
 	}
-	// Only failures get here: a successful enter ends in exec.
+	if err == nil {
+		err = s.lockDown()
+	}
+	if err == nil && spec != nil {
+		err = spec.awaitGo()
+	}
+	if err == nil {
+		err = s.execLocked()
+	}
+	// Only failures get here: a successful start ends in exec.
 	reportSetup(err)
 	os.Exit(127)
 }
@@ -147,19 +167,40 @@ func (s *Spec) checkView() error {
 	return nil
 }
 
-// waitForSpec reads the spec of a warm start; nothing means the sandbox no
-// longer needs this init.
-func waitForSpec() (string, error) {
+// specReader is SpecFD once the spec has been read from it.
+type specReader struct {
+	f   *os.File
+	dec *json.Decoder
+}
+
+// readSpec decodes the spec of a warm or prepared start from SpecFD into
+// s without waiting for the pipe's end; nothing at all means the sandbox
+// no longer needs this init, which exits.
+func readSpec(s *Spec) (*specReader, error) {
 	f := os.NewFile(SpecFD, "sandbox-spec")
-	raw, err := io.ReadAll(f)
-	f.Close()
+	dec := json.NewDecoder(f)
+	if err := dec.Decode(s); err != nil {
+		f.Close()
+		if errors.Is(err, io.EOF) {
+			os.Exit(0)
+		}
+		return nil, fmt.Errorf("read spec: %w", err)
+	}
+	return &specReader{f: f, dec: dec}, nil
+}
+
+// awaitGo waits for SpecFD's end, the sandbox's go (see the protocol
+// above); bytes after the spec other than white space are refused.
+func (r *specReader) awaitGo() error {
+	defer r.f.Close()
+	rest, err := io.ReadAll(io.MultiReader(r.dec.Buffered(), r.f))
 	if err != nil {
-		return "", fmt.Errorf("read spec: %w", err)
+		return fmt.Errorf("read spec: %w", err)
 	}
-	if len(raw) == 0 {
-		os.Exit(0)
+	if len(strings.TrimSpace(string(rest))) != 0 {
+		return errors.New("read spec: data after the spec")
 	}
-	return string(raw), nil
+	return nil
 }
 
 func reportSetup(err error) {
@@ -194,29 +235,24 @@ func runPrepared(layout string) {
 		_, err = ready.WriteString(ReadyMsg)
 		ready.Close()
 	}
-	var raw string
-	if err == nil {
-		raw, err = waitForSpec()
-	}
 	var call Spec
+	var spec *specReader
+	if err == nil {
+		spec, err = readSpec(&call)
+	}
 	if err == nil {
 		// Inside the new root now: the paths checked are the netns
 		// directories and pins, bound at their own paths.
-		err = call.decode(raw)
+		err = call.checkView()
+	}
+	if err == nil {
+		err = spec.awaitGo()
 	}
 	if err == nil {
 		err = call.execLocked()
 	}
 	reportSetup(err)
 	os.Exit(127)
-}
-
-// enter builds the filesystem and execs the executable.
-func (s *Spec) enter() error {
-	if err := s.build(); err != nil {
-		return err
-	}
-	return s.exec()
 }
 
 // build makes the sandbox's filesystem and enters it: cgroups, the node's
@@ -309,17 +345,9 @@ func (s *Spec) build() error {
 	return nil
 }
 
-// exec is step 5, on the thread build locked: limits, capabilities,
-// no_new_privs, seccomp; then exec. The plugin becomes PID 1 of its
-// namespace.
-func (s *Spec) exec() error {
-	if err := s.lockDown(); err != nil {
-		return err
-	}
-	return s.execLocked()
-}
-
-// execLocked execs s.Path on a thread already locked down.
+// execLocked is step 5, on the thread build locked, once lockDown (limits,
+// capabilities, no_new_privs, seccomp) is done: exec. The executable
+// becomes PID 1 of its namespace.
 func (s *Spec) execLocked() error {
 	unix.Umask(0o022)
 	argv := append([]string{s.Path}, s.Args...)

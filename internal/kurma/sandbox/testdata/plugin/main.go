@@ -42,6 +42,11 @@ func main() {
 		capEff()
 		return
 	}
+	if os.Getenv("MARK_AT_START") != "" {
+		// Before anything else, stdin included: a side effect the moment
+		// it runs.
+		record("starts")
+	}
 	raw, err := io.ReadAll(os.Stdin)
 	if err != nil {
 		fail("read stdin: %v", err)
