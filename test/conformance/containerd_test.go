@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -99,6 +100,7 @@ func TestContainerd(t *testing.T) {
 		t.Fatalf("no eth0 address in the result: %v", res)
 	}
 	id := "skein-" + harness.RandHex(4)
+	removeCgroupsAfter(t, "skein-conformance")
 	// runc's state under the test's own directory: its default root is
 	// /run/containerd/runc/<namespace>, on the host.
 	out, err := runErr(nil, c.ctr, "--address", c.sock, "-n", "skein-conformance", "run", "--rm", "--rootfs", "--fifo-dir", t.TempDir(),
@@ -126,4 +128,37 @@ func TestContainerd(t *testing.T) {
 		t.Errorf("DEL: %v", err)
 	}
 	e.assertClean(t, "DEL after the container ran")
+}
+
+// removeCgroupsAfter removes, when the test ends, the cgroup named name in
+// every hierarchy where it was not there before: runc puts a container of
+// containerd namespace ns in /ns/<id> and removes only <id>.
+func removeCgroupsAfter(t *testing.T, name string) {
+	t.Helper()
+	roots := []string{"/sys/fs/cgroup"} // a unified-only host
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err != nil {
+		roots, _ = filepath.Glob("/sys/fs/cgroup/*") // one per hierarchy
+	}
+	var made []string
+	for _, r := range roots {
+		dir := filepath.Join(r, name)
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			made = append(made, dir)
+		}
+	}
+	t.Cleanup(func() {
+		for _, dir := range made {
+			var err error
+			for try := 0; try < 50; try++ {
+				if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+					err = nil
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				t.Errorf("cgroup left: %v", err)
+			}
+		}
+	})
 }

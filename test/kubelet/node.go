@@ -292,8 +292,11 @@ func (n *Node) startProxy(t testing.TB, kubeconfig, mode, clusterCIDR string) {
 	n.proxy = n.start(t, filepath.Join(kube.AssetsDir(), "kube-proxy"), "--config="+cfg, "--v=1")
 }
 
-// cgroupMounts returns the mount points of the cgroup v1 hierarchies.
-func cgroupMounts() ([]string, error) {
+// cgroupMounts returns the mount points of the cgroup v1 hierarchies, and
+// with unified set also of the v2 one: on a hybrid host the kubelet's
+// cgroupfs driver and runc make the node's tree there too (unmanaged: no
+// controllers), and it must go with the node.
+func cgroupMounts(unified bool) ([]string, error) {
 	f, err := os.Open("/proc/self/mounts")
 	if err != nil {
 		return nil, err
@@ -303,7 +306,7 @@ func cgroupMounts() ([]string, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) >= 3 && fields[2] == "cgroup" {
+		if len(fields) >= 3 && (fields[2] == "cgroup" || unified && fields[2] == "cgroup2") {
 			dirs = append(dirs, fields[1])
 		}
 	}
@@ -313,7 +316,7 @@ func cgroupMounts() ([]string, error) {
 // makeCgroups makes the kubelet's cgroup root in every v1 hierarchy,
 // with the root's CPUs and memory nodes in cpuset.
 func (n *Node) makeCgroups() error {
-	mounts, err := cgroupMounts()
+	mounts, err := cgroupMounts(false)
 	if err != nil {
 		return err
 	}
@@ -370,13 +373,20 @@ func (n *Node) stop(t testing.TB) {
 	if err := n.removeCgroups(); err != nil {
 		t.Errorf("%s: %v", n.Name, err)
 	}
+	if mounts, err := cgroupMounts(true); err == nil {
+		for _, m := range mounts {
+			if _, err := os.Stat(filepath.Join(m, n.cgroup)); err == nil {
+				t.Errorf("%s: its cgroup %s is left", n.Name, filepath.Join(m, n.cgroup))
+			}
+		}
+	}
 }
 
 // processes lists the processes of the node: in its cgroup tree or its
 // mount namespace, except the holder of that namespace (stopped last).
 func (n *Node) processes(mntNS string) []int {
 	seen := map[int]bool{}
-	if mounts, err := cgroupMounts(); err == nil {
+	if mounts, err := cgroupMounts(true); err == nil {
 		for _, m := range mounts {
 			_ = filepath.Walk(filepath.Join(m, n.cgroup), func(p string, info os.FileInfo, err error) error {
 				if err != nil || info.IsDir() || info.Name() != "cgroup.procs" {
@@ -415,9 +425,9 @@ func (n *Node) processes(mntNS string) []int {
 }
 
 // removeCgroups removes the node's cgroup tree, deepest first, from every
-// v1 hierarchy.
+// hierarchy.
 func (n *Node) removeCgroups() error {
-	mounts, err := cgroupMounts()
+	mounts, err := cgroupMounts(true)
 	if err != nil {
 		return err
 	}
