@@ -218,14 +218,19 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 	// intent cannot be written, the call never runs.
 	intent := newGate()
 	var first chan error
+	firstCtx, cancelFirst := context.WithCancelCause(ctx)
+	defer cancelFirst(nil)
 	if i := intended[0]; states[i] != nil {
 		first = make(chan error, 1)
-		go func() { first <- m.addOne(ctx, &rec, base, states[i], intent.wait) }()
+		go func() { first <- m.addOne(firstCtx, &rec, base, states[i], intent.wait) }()
 	}
 	err = m.putRecord(ctx, rec)
 	intent.open(err)
 	if err != nil {
 		if first != nil {
+			// Not queued behind other pods' calls for a slot it will
+			// not use.
+			cancelFirst(err)
 			<-first
 		}
 		return AttachResult{}, err

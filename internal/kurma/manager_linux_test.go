@@ -392,9 +392,10 @@ func (f *failingMeta) PutMeta(ctx context.Context, kind, key string, value []byt
 
 // TestIntentNotWritten: an image network's call is handed to its sandbox
 // while the intent is written; when the intent cannot be written, the
-// attach fails with that error, the plugin never runs (warm and prepared
-// inits both: the second attach finds one prepared for the layout) and
-// nothing is left. Once the store works again, the same pod attaches.
+// attach fails with that error, the plugin never runs and nothing is left
+// (after a first attach the calls mostly find inits prepared for the
+// network's layout; package sandbox's TestWait holds each way of starting
+// back). Once the store works again, the same pod attaches.
 func TestIntentNotWritten(t *testing.T) {
 	w := newWorld(t, testNets)
 	w.d.Close()

@@ -20,8 +20,9 @@ import (
 // the Go runtime's start-up) and creating its namespaces: most of a
 // sandboxed call's overhead. So the Sandbox keeps a few inits started ahead
 // of need. Each waits in its fresh namespaces, its mounts already slaves of
-// the host's, for a spec on a pipe; a call claims one, sends the spec and
-// only pays for the mounts. Its replacement starts in the background once
+// the host's, for a spec on a pipe; a call claims one and sends the spec,
+// the init builds the mounts (while Spec.Wait holds the call, if set) and
+// execs on the sandbox's go. Its replacement starts in the background once
 // the call is over. A waiting init holds nothing of the host that the host could
 // not remove (its mounts follow the host's), and dies with skeind
 // (Pdeathsig) or when Close closes its spec pipe.
@@ -224,14 +225,19 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 		return nil, errStale
 	}
 	if wait != nil {
-		// The init execs only at the spec pipe's end (the go): killed
-		// before it, it never ran the executable.
+		// The init execs only once it has the go: killed before, it
+		// never ran the executable. The caller keeps the mount
+		// namespace (released in the background, as after a call).
 		if err := wait(ctx); err != nil {
 			w.cmd.Process.Kill()
+			w.mntns = nil
 			w.discard()
 			return nil, err
 		}
 	}
+	// The go. An init that failed meanwhile has closed its end (EPIPE
+	// here); its status pipe says why.
+	io.WriteString(w.spec, sandboxinit.GoMsg)
 	w.spec.Close()
 	stopKill := context.AfterFunc(ctx, func() { w.cmd.Process.Kill() })
 

@@ -122,7 +122,8 @@ type Result struct {
 
 // Run runs spec to completion: the executable's stdout on exit status 0,
 // otherwise an *Error wrapping ErrExit, ErrTimeout, ErrOutputTooLarge,
-// ErrSetup or the context's error. Bad specs fail before anything runs.
+// ErrSetup or the context's error; an error of Spec.Wait is returned as it
+// is. Bad specs fail before anything runs.
 // Whatever way the call ends, nothing it started is left running and no
 // mount of it remains.
 func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
@@ -211,6 +212,10 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 				e.Err = s.contextErr(ctx, timeout)
 			}
 			return nil, e
+		}
+		if ctx.Err() != nil {
+			// The timeout or a cancel while Spec.Wait held the call.
+			return nil, fail(s.contextErr(ctx, timeout))
 		}
 		return nil, err
 	}

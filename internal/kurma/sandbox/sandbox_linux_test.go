@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
 	"github.com/skeinnet/skein/internal/netns"
 )
 
@@ -319,6 +321,71 @@ func TestWait(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestNoGoNoExec: a waiting init that gets a call but not the go (the
+// sandbox's end of the pipe closed, as when skeind dies while Spec.Wait
+// holds the call) fails without exec'ing, and says so; also when what
+// follows the call is not the go.
+func TestNoGoNoExec(t *testing.T) {
+	for _, c := range []struct{ start, after string }{{"warm", ""}, {"prepared", ""}, {"warm", "\nstop\n"}, {"prepared", "\nstop\n"}} {
+		t.Run(c.start+fmt.Sprintf("/%q", c.after), func(t *testing.T) {
+			e := newEnv(t, Options{Prestart: 2})
+			e.start = c.start
+			if c.start == "warm" {
+				e.sb.prepared.size = 0
+			}
+			after := c.after
+			mark := filepath.Join(e.state, "starts")
+			os.Remove(mark)
+			spec := e.spec(`{"mode":"ok"}`)
+			spec.Env = append(spec.Env, "MARK_AT_START=1")
+			is, err := e.sb.initSpec(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var w *warmInit
+			if e.start == "prepared" {
+				key := e.sb.prime(spec)
+				for end := time.Now().Add(5 * time.Second); e.sb.prepared.count(key) == 0; time.Sleep(time.Millisecond) {
+					if time.Now().After(end) {
+						t.Fatal("no prepared init")
+					}
+				}
+				var layout *sandboxinit.Spec
+				key, layout, is, _ = layoutOf(is)
+				w = e.sb.prepared.take(key, layout)
+				defer e.sb.prepared.done(key, true)
+			} else {
+				for end := time.Now().Add(5 * time.Second); w == nil; time.Sleep(time.Millisecond) {
+					if w = e.sb.pool.take(); w == nil && time.Now().After(end) {
+						t.Fatal("no warm init")
+					}
+				}
+			}
+			defer e.sb.dropCgroup(w.cg)
+			raw, err := json.Marshal(is)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.stdin.Close()
+			w.spec.Write(append(raw, after...))
+			w.spec.Close()
+			status, _ := io.ReadAll(w.status)
+			werr := w.cmd.Wait()
+			w.closeFiles()
+			want := "without a go"
+			if after != "" {
+				want = "want the go"
+			}
+			if !strings.Contains(string(status), want) || werr == nil {
+				t.Errorf("the init said %q and exited with %v; want it to fail saying %q", status, werr, want)
+			}
+			if _, err := os.Stat(mark); err == nil {
+				t.Error("the executable ran without the go")
+			}
+		})
+	}
 }
 
 // TestFailures: a crash, a CNI error, garbage and a missing executable each

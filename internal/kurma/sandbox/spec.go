@@ -223,6 +223,7 @@ type Spec struct {
 	// error ends the call with that error before anything of it ran: no
 	// process of the call ever ran the executable. It may be called more
 	// than once (a stale init is replaced) and must then return the same.
+	// The time it takes counts against Timeout.
 	Wait func(ctx context.Context) error `json:"-"`
 }
 

@@ -22,19 +22,21 @@ import (
 // reason setup failed. A warm init whose SpecFD closes empty exits
 // quietly.
 //
-// On SpecFD the spec is one JSON document, and the pipe's end is the go:
-// the init does all it can with the spec (a warm init builds the whole
-// sandbox) and execs only once SpecFD reaches EOF, so the sandbox can hand
-// a call over before the caller lets it run (sandbox.Spec.Wait). Anything
-// after the document is refused; a sandbox that calls a start off kills
-// the init.
+// On SpecFD the spec is one JSON document, then GoMsg, then the pipe's end.
+// The init does all it can with the document (a warm init builds the whole
+// sandbox and applies the confinement) and execs only once GoMsg and the
+// end have followed, so the sandbox can hand a call over before the caller
+// lets it run (sandbox.Spec.Wait). The end alone is no go: the sandbox's
+// death closes the pipe too, and an init that was never told to go fails
+// without exec'ing. Anything else after the document is refused; a sandbox
+// that calls a start off kills the init.
 //
 // A prepared start has both: SpecEnv holds a Spec without the executable
 // (Path, Args, Env), and PreparedEnv is set. The init builds the whole
-// sandbox from it (mounts, pivot_root), writes ReadyMsg to ReadyFD and
-// closes it, then waits on SpecFD for a Spec carrying only Path, Args, Env
-// and Expect (checked inside the new root), and applies the confinement
-// and execs. The call pays for none of the mounts.
+// sandbox from it (mounts, pivot_root) and applies the confinement, writes
+// ReadyMsg to ReadyFD and closes it, then waits on SpecFD for a Spec
+// carrying only Path, Args, Env and Expect (checked inside the new root)
+// and the go, and execs. The call pays for none of the mounts.
 const (
 	Arg0        = "skein-sandbox-init"
 	SpecEnv     = "SKEIN_SANDBOX_SPEC"
@@ -44,6 +46,7 @@ const (
 	SpecFD      = 4
 	ReadyFD     = 5
 	ReadyMsg    = "ready"
+	GoMsg       = "\ngo\n"
 )
 
 // Spec is what the init needs to build the sandbox and exec. Paths are
@@ -189,16 +192,18 @@ func readSpec(s *Spec) (*specReader, error) {
 	return &specReader{f: f, dec: dec}, nil
 }
 
-// awaitGo waits for SpecFD's end, the sandbox's go (see the protocol
-// above); bytes after the spec other than white space are refused.
+// awaitGo waits for the sandbox's go, GoMsg and the end of SpecFD (see the
+// protocol above). The end without GoMsg, or anything else, is no go.
 func (r *specReader) awaitGo() error {
 	defer r.f.Close()
-	rest, err := io.ReadAll(io.MultiReader(r.dec.Buffered(), r.f))
-	if err != nil {
+	rest, err := io.ReadAll(io.LimitReader(io.MultiReader(r.dec.Buffered(), r.f), 64))
+	switch {
+	case err != nil:
 		return fmt.Errorf("read spec: %w", err)
-	}
-	if len(strings.TrimSpace(string(rest))) != 0 {
-		return errors.New("read spec: data after the spec")
+	case len(rest) == 0:
+		return errors.New("the sandbox closed the call without a go")
+	case string(rest) != GoMsg:
+		return fmt.Errorf("read spec: %q after the spec, want the go", rest)
 	}
 	return nil
 }
