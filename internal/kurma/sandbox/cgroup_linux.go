@@ -34,6 +34,10 @@ import (
 // cgroupSet is where a Sandbox makes its calls' cgroups.
 type cgroupSet struct {
 	ctrls []cgroupCtrl
+	// ours: the parents are the default ones (Options.CgroupParent
+	// unset), named for the sandbox; close removes them when empty, so a
+	// daemon (or a test) that ends leaves its own cgroup removable.
+	ours bool
 }
 
 // cgroupSeq numbers the calls' cgroups, across all the Sandboxes of the
@@ -43,9 +47,28 @@ var cgroupSeq atomic.Uint64
 // cgroupCtrl is one hierarchy: the parent directory and the limit files
 // written into each call's directory, in order.
 type cgroupCtrl struct {
+	h      *hierarchy
 	parent string
 	v2     bool
 	limits [][2]string
+}
+
+// makeParent makes the parent directory (for v2 with the controllers
+// delegated to its children) and checks it is writable.
+func (ctrl cgroupCtrl) makeParent() error {
+	var err error
+	if ctrl.v2 {
+		err = ctrl.h.enableV2(ctrl.parent)
+	} else {
+		err = os.MkdirAll(ctrl.parent, 0o755)
+	}
+	if err == nil {
+		err = unix.Access(ctrl.parent, unix.W_OK)
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", ctrl.parent, err)
+	}
+	return nil
 }
 
 // callCgroup is one call's cgroup directories.
@@ -72,7 +95,7 @@ func newCgroupSet(o Options) (*cgroupSet, error) {
 	if pids == nil || mem == nil {
 		return nil, fmt.Errorf("the pids and memory cgroup controllers are not both available (pids %v, memory %v)", pids != nil, mem != nil)
 	}
-	set := &cgroupSet{}
+	set := &cgroupSet{ours: o.CgroupParent == ""}
 	limits := map[string][][2]string{
 		"pids":   {{"pids.max", strconv.FormatInt(o.PidsLimit, 10)}},
 		"memory": {{"memory.limit_in_bytes", strconv.FormatInt(o.MemoryLimit, 10)}, {"memory.memsw.limit_in_bytes?", strconv.FormatInt(o.MemoryLimit, 10)}},
@@ -93,18 +116,11 @@ func newCgroupSet(o Options) (*cgroupSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		if h.v2 {
-			err = h.enableV2(parent)
-		} else {
-			err = os.MkdirAll(parent, 0o755)
+		ctrl := cgroupCtrl{h: h, parent: parent, v2: h.v2, limits: l}
+		if err := ctrl.makeParent(); err != nil {
+			return nil, err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("cgroup %s: %w", parent, err)
-		}
-		if err := unix.Access(parent, unix.W_OK); err != nil {
-			return nil, fmt.Errorf("cgroup %s: %w", parent, err)
-		}
-		set.ctrls = append(set.ctrls, cgroupCtrl{parent: parent, v2: h.v2, limits: l})
+		set.ctrls = append(set.ctrls, ctrl)
 	}
 	set.removeStale()
 	return set, nil
@@ -235,7 +251,15 @@ func (c *cgroupSet) create() (cg *callCgroup, err error) {
 	}()
 	for _, ctrl := range c.ctrls {
 		dir := filepath.Join(ctrl.parent, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
+		err := os.Mkdir(dir, 0o755)
+		if errors.Is(err, os.ErrNotExist) {
+			// Another Sandbox of the process closed and removed the
+			// (then empty) parent: make it again.
+			if err = ctrl.makeParent(); err == nil {
+				err = os.Mkdir(dir, 0o755)
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("create cgroup: %w", err)
 		}
 		cg.dirs, cg.v2 = append(cg.dirs, dir), append(cg.v2, ctrl.v2)
@@ -347,6 +371,17 @@ func cgroupPids(dir string) ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// close removes the default parents if they are empty (rmdir fails on a
+// cgroup with children: another Sandbox of the process still uses it).
+func (c *cgroupSet) close() {
+	if c == nil || !c.ours {
+		return
+	}
+	for _, ctrl := range c.ctrls {
+		os.Remove(ctrl.parent)
+	}
 }
 
 // removeStale removes the cgroups of daemons that are gone (killed before

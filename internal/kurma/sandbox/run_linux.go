@@ -104,12 +104,14 @@ func (s *Sandbox) newCgroup(path string) (*callCgroup, error) {
 	return cg, nil
 }
 
-// Close stops the inits kept warm. Calls running go on; later calls start
-// cold. Safe to call more than once.
+// Close stops the inits kept warm and removes the default cgroup parent
+// once empty. Calls running go on; later calls start cold (and make the
+// parent again). Safe to call more than once.
 func (s *Sandbox) Close() error {
 	s.prepared.close()
 	s.pool.close()
 	s.removing.Wait()
+	s.cgroups.close()
 	return nil
 }
 

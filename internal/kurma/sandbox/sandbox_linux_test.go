@@ -808,3 +808,47 @@ func privateDir(t *testing.T, e *testEnv) string {
 	}
 	return priv
 }
+
+// TestCgroupParentRemoved: the default cgroup parent goes with the last
+// Sandbox of the process that uses it (a daemon leaves its own cgroup
+// removable: the tests' runner could not remove theirs), and a Sandbox
+// still in use makes it again when another one removed it.
+func TestCgroupParentRemoved(t *testing.T) {
+	e := newEnv(t, Options{Prestart: -1})
+	if e.sb.cgroups == nil {
+		t.Skip("this host gives the sandbox no cgroups for its calls (pids and memory controllers)")
+	}
+	other, err := New(Options{ScratchDir: filepath.Join(e.dir, "scratch2"), Prestart: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var parents []string
+	for _, c := range e.sb.cgroups.ctrls {
+		parents = append(parents, c.parent)
+	}
+	exist := func() (out []string) {
+		for _, p := range parents {
+			if _, err := os.Stat(p); err == nil {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	call := func(sb *Sandbox) {
+		t.Helper()
+		if _, err := sb.Run(context.Background(), e.spec(`{"mode":"ok"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call(e.sb)
+	e.sb.Close()
+	if left := exist(); len(left) > 0 {
+		t.Errorf("after the first Sandbox closed, with nothing in them: %v left", left)
+	}
+	call(other) // makes them again
+	other.Close()
+	if left := exist(); len(left) > 0 {
+		t.Errorf("after the last Sandbox closed: %v left", left)
+	}
+}
