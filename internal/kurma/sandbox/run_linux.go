@@ -294,17 +294,21 @@ func (s *Sandbox) release(mntns *os.File) {
 	}
 }
 
-// dropCgroup kills what is left in a call's cgroups, then removes them in
-// the background (removing a memory cgroup takes a few hundred
-// microseconds the caller need not wait for; Close does).
+// dropCgroup kills what is left in a call's cgroups and removes them, in
+// the background: the caller need not wait (Close does). Nothing of a call
+// that ended normally is left to kill: its executable was PID 1 of its
+// PID namespace, and the kernel kills and reaps the namespace's other
+// processes before that one's exit is reported. The kill is for what the
+// cgroup holds beyond that (an init killed before it exec'd, a kernel
+// surprise).
 func (s *Sandbox) dropCgroup(cg *callCgroup) {
 	if cg == nil || cg.dropped.Swap(true) {
 		return
 	}
-	if err := cg.kill(); err != nil {
-		s.opts.Logger.Error("sandbox: processes left in a call's cgroup", "err", err)
-	}
 	s.removing.Go(func() {
+		if err := cg.kill(); err != nil {
+			s.opts.Logger.Error("sandbox: processes left in a call's cgroup", "err", err)
+		}
 		if err := cg.remove(); err != nil {
 			s.opts.Logger.Error("sandbox: call cgroup left behind", "err", err)
 		}
