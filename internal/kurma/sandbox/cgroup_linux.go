@@ -80,6 +80,10 @@ type callCgroup struct {
 	dropped atomic.Bool
 }
 
+// defaultCgroupName is DefaultCgroupName; tests that need a parent no
+// other process shares set another.
+var defaultCgroupName = DefaultCgroupName
+
 // hierarchy is a mounted cgroup hierarchy and the daemon's place in it.
 type hierarchy struct {
 	mount, root, own string
@@ -130,7 +134,7 @@ func newCgroupSet(o Options) (*cgroupSet, error) {
 func (h *hierarchy) parentDir(parent string) (string, error) {
 	p := parent
 	if p == "" {
-		p = filepath.Join(h.own, DefaultCgroupName)
+		p = filepath.Join(h.own, defaultCgroupName)
 	}
 	rel, ok := strings.CutPrefix(p, h.root)
 	if !ok || !filepath.IsAbs(p) {
@@ -251,27 +255,56 @@ func (c *cgroupSet) create() (cg *callCgroup, err error) {
 	}()
 	for _, ctrl := range c.ctrls {
 		dir := filepath.Join(ctrl.parent, name)
-		err := os.Mkdir(dir, 0o755)
-		if errors.Is(err, os.ErrNotExist) {
-			// Another Sandbox of the process closed and removed the
-			// (then empty) parent: make it again.
-			if err = ctrl.makeParent(); err == nil {
-				err = os.Mkdir(dir, 0o755)
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("create cgroup: %w", err)
+		if err := c.makeCall(ctrl, dir); err != nil {
+			return nil, err
 		}
 		cg.dirs, cg.v2 = append(cg.dirs, dir), append(cg.v2, ctrl.v2)
-		for _, l := range ctrl.limits {
-			file, optional := strings.CutSuffix(l[0], "?")
-			err := os.WriteFile(filepath.Join(dir, file), []byte(l[1]), 0)
-			if err != nil && !(optional && errors.Is(err, os.ErrNotExist)) {
-				return nil, fmt.Errorf("cgroup %s: set %s: %w", dir, file, err)
-			}
-		}
 	}
 	return cg, nil
+}
+
+// makeCall makes one call's directory under ctrl's parent with its limits.
+// The default parent is shared by every process in the daemon's cgroup,
+// and a Sandbox that closes removes it when empty (close): if it is gone,
+// or made again by another process and not yet delegating its controllers
+// (v2: no limit files in a new child), it is made again and the call's
+// directory with it, a few times.
+func (c *cgroupSet) makeCall(ctrl cgroupCtrl, dir string) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		if try > 0 {
+			if err := ctrl.makeParent(); err != nil {
+				return err
+			}
+		}
+		if err = os.Mkdir(dir, 0o755); err != nil {
+			if c.ours && errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return fmt.Errorf("create cgroup: %w", err)
+		}
+		if err = writeLimits(dir, ctrl.limits); err == nil {
+			return nil
+		}
+		os.Remove(dir)
+		if !c.ours || !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return fmt.Errorf("create cgroup %s: its parent keeps going away: %w", dir, err)
+}
+
+// writeLimits writes limits into a call's cgroup directory, in order; a
+// file whose name ends in "?" is skipped where it does not exist.
+func writeLimits(dir string, limits [][2]string) error {
+	for _, l := range limits {
+		file, optional := strings.CutSuffix(l[0], "?")
+		err := os.WriteFile(filepath.Join(dir, file), []byte(l[1]), 0)
+		if err != nil && !(optional && errors.Is(err, os.ErrNotExist)) {
+			return fmt.Errorf("cgroup %s: set %s: %w", dir, file, err)
+		}
+	}
+	return nil
 }
 
 // procs are the files the init writes itself into.
@@ -373,12 +406,15 @@ func cgroupPids(dir string) ([]int, error) {
 	return pids, nil
 }
 
-// close removes the default parents if they are empty (rmdir fails on a
-// cgroup with children: another Sandbox of the process still uses it).
+// close removes the default parents if they are empty, after the cgroups
+// of daemons that are gone (rmdir fails on a cgroup with children: another
+// Sandbox, of this process or another one in the same cgroup, still uses
+// it, and removes it when it closes).
 func (c *cgroupSet) close() {
 	if c == nil || !c.ours {
 		return
 	}
+	c.removeStale()
 	for _, ctrl := range c.ctrls {
 		os.Remove(ctrl.parent)
 	}

@@ -104,9 +104,10 @@ func (s *Sandbox) newCgroup(path string) (*callCgroup, error) {
 	return cg, nil
 }
 
-// Close stops the inits kept warm and removes the default cgroup parent
-// once empty. Calls running go on; later calls start cold (and make the
-// parent again). Safe to call more than once.
+// Close stops the inits kept warm and removes the default cgroup parent if
+// it is empty by then (a Sandbox still using it, in this process or another
+// one, removes it when it closes). Calls running go on; later calls start
+// cold (and make the parent again). Safe to call more than once.
 func (s *Sandbox) Close() error {
 	s.prepared.close()
 	s.pool.close()
@@ -197,13 +198,13 @@ func (s *Sandbox) Run(ctx context.Context, spec Spec) (*Result, error) {
 		is.Cgroups = cg.procs()
 		s.pool.cold.Add(1)
 		if spec.Wait != nil {
-			if err := spec.Wait(ctx); err != nil {
-				return nil, err
-			}
+			err = spec.Wait(ctx) // handled below, as a warm call's refusal is
 		}
-		var cmd *exec.Cmd
-		if cmd, err = s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stopHow{}); err == nil {
-			wait = cmd.Wait
+		if err == nil {
+			var cmd *exec.Cmd
+			if cmd, err = s.startCold(ctx, is, bytes.NewReader(spec.Stdin), stdout, stderr, stopHow{}); err == nil {
+				wait = cmd.Wait
+			}
 		}
 	}
 	if err != nil {

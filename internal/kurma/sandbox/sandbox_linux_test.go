@@ -283,6 +283,25 @@ func TestWait(t *testing.T) {
 			_, err := os.Stat(mark)
 			return err == nil
 		}
+		// The call's timeout while Wait holds it: the *Error of any
+		// timeout, and nothing ran.
+		os.Remove(mark)
+		spec := e.spec(`{"mode":"ok"}`)
+		spec.Env = append(spec.Env, "MARK_AT_START=1")
+		spec.Timeout = 300 * time.Millisecond
+		spec.Wait = func(ctx context.Context) error {
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}
+		_, err := e.run(t, context.Background(), spec)
+		var se *Error
+		if !errors.As(err, &se) || !errors.Is(err, ErrTimeout) {
+			t.Errorf("timeout during Wait: err = %#v, want an *Error wrapping ErrTimeout", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if ran() {
+			t.Error("timeout during Wait: the executable ran")
+		}
 		refused := errors.New("the intent is not on disk")
 		for _, let := range []bool{true, false} {
 			os.Remove(mark)
@@ -814,6 +833,11 @@ func privateDir(t *testing.T, e *testEnv) string {
 // removable: the tests' runner could not remove theirs), and a Sandbox
 // still in use makes it again when another one removed it.
 func TestCgroupParentRemoved(t *testing.T) {
+	// A parent of the test's own: the default one is shared by every
+	// process in this cgroup, daemons of other packages' tests included.
+	name := defaultCgroupName
+	defaultCgroupName = fmt.Sprintf("skein-sandbox-test-%d", os.Getpid())
+	t.Cleanup(func() { defaultCgroupName = name })
 	e := newEnv(t, Options{Prestart: -1})
 	if e.sb.cgroups == nil {
 		t.Skip("this host gives the sandbox no cgroups for its calls (pids and memory controllers)")
