@@ -37,6 +37,10 @@ type Sandbox struct {
 	// an architecture without one.
 	seccomp []byte
 	caps    uint64 // Options.Capabilities as a mask
+	// initExe is what starts an init: Options.InitPath, or the binary
+	// that was there when New ran, held open as initFile (see pinInit).
+	initExe  string
+	initFile *os.File
 	// removing counts cgroup removals under way (dropCgroup).
 	removing sync.WaitGroup
 	state    stateMounts
@@ -61,6 +65,9 @@ func New(o Options) (*Sandbox, error) {
 		return nil, fmt.Errorf("create sandbox scratch directory: %w", err)
 	}
 	s := &Sandbox{opts: o}
+	if err := s.pinInit(); err != nil {
+		return nil, err
+	}
 	if err := s.confine(); err != nil {
 		return nil, err
 	}
@@ -68,6 +75,34 @@ func New(o Options) (*Sandbox, error) {
 	s.pool.refill()
 	s.prepared = newPrepared(s, o.Prestart)
 	return s, nil
+}
+
+// pinInit opens the init binary once: every init of this Sandbox runs the
+// binary that was at InitPath when it was made, through the descriptor
+// (/proc/self/fd/N), whatever replaces the file later. The init speaks
+// the protocol of the skeind it came with (sandboxinit); an upgrade in
+// place that replaced both files while skeind runs would otherwise start
+// new inits that the running skeind does not understand. The re-executed
+// running binary (/proc/self/exe) is pinned already. The descriptor is
+// kept above the ones a child's ExtraFiles take, and lives as long as the
+// Sandbox (calls may start cold after Close).
+func (s *Sandbox) pinInit() error {
+	s.initExe = s.opts.InitPath
+	if s.opts.InitPath == "/proc/self/exe" {
+		return nil
+	}
+	f, err := os.Open(s.opts.InitPath)
+	if err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 64)
+	if err != nil {
+		return fmt.Errorf("sandbox init %s: %w", s.opts.InitPath, err)
+	}
+	s.initFile = os.NewFile(uintptr(fd), s.opts.InitPath)
+	s.initExe = fmt.Sprintf("/proc/self/fd/%d", fd)
+	return nil
 }
 
 // confine prepares what every call is confined by: its cgroups (or the
@@ -365,7 +400,7 @@ func (s *Sandbox) startCold(ctx context.Context, is *sandboxinit.Spec, stdin io.
 
 // initCommand is the init's command line, environment and namespaces.
 func (s *Sandbox) initCommand(ctx context.Context, env ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, s.opts.InitPath)
+	cmd := exec.CommandContext(ctx, s.initExe)
 	cmd.Args = []string{sandboxinit.Arg0}
 	// The init's own environment (the plugin gets Spec.Env): one P is
 	// plenty for a few syscalls and starts measurably faster (~0.3 ms).

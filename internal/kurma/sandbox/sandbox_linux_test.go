@@ -876,3 +876,46 @@ func TestCgroupParentRemoved(t *testing.T) {
 		t.Errorf("after the last Sandbox closed: %v left", left)
 	}
 }
+
+// TestInitBinaryReplaced: the init binary replaced on disk while the
+// Sandbox runs (an upgrade in place, before skeind restarts) does not
+// change what starts its inits: the calls after it, from inits started
+// ahead of them and cold, still run the binary the Sandbox was made with.
+func TestInitBinaryReplaced(t *testing.T) {
+	initCopy := filepath.Join(t.TempDir(), DefaultInitName)
+	copyFile(t, initBin, initCopy)
+	e := newEnv(t, Options{InitPath: initCopy, Prestart: 1})
+	spec := e.spec(`{"mode":"ok"}`)
+	if _, err := e.sb.Run(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	// The new file: an init that fails at once.
+	next := initCopy + ".new"
+	if err := os.WriteFile(next, []byte("#!/bin/sh\necho not this init >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, initCopy); err != nil {
+		t.Fatal(err)
+	}
+	started := func() (ahead, cold int64) {
+		return e.sb.pool.warm.Load() + e.sb.pool.prep.Load(), e.sb.pool.cold.Load()
+	}
+	ahead, cold := started()
+	for i := range 3 {
+		for end := time.Now().Add(5 * time.Second); i < 2 && len(e.sb.pool.ready) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("call %d: no warm init started after the file was replaced", i)
+			}
+		}
+		if i == 2 {
+			e.sb.Close() // the rest start cold
+		}
+		if res, err := e.sb.Run(context.Background(), spec); err != nil || !strings.Contains(string(res.Stdout), "10.1.2.3/24") {
+			t.Fatalf("call %d after the init binary was replaced: %v", i, err)
+		}
+	}
+	a, c := started()
+	if a-ahead < 2 || c-cold < 1 {
+		t.Errorf("calls started from inits started ahead (warm or prepared) %d and cold %d times, want at least 2 and 1", a-ahead, c-cold)
+	}
+}
