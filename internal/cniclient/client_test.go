@@ -43,15 +43,24 @@ func (f *fake) Add(ctx context.Context, r *rpc.CNIRequest) (*rpc.CNIReply, error
 	return f.reply, f.err
 }
 
-// serve is f on a gRPC server alone: a skeind from before the short path
-// (the client falls back to gRPC).
-func serve(t *testing.T, f *fake) string {
+// listenUnix listens on a socket in a directory of the test's own and
+// closes it when the test ends.
+func listenUnix(t testing.TB) (net.Listener, string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { l.Close() })
+	return l, sock
+}
+
+// serve is f on a gRPC server alone: a skeind from before the short path
+// (the client falls back to gRPC).
+func serve(t *testing.T, f *fake) string {
+	t.Helper()
+	l, sock := listenUnix(t)
 	s := grpc.NewServer()
 	rpc.RegisterCNIServer(s, f)
 	go s.Serve(l)
@@ -70,11 +79,8 @@ type skeindServer struct {
 
 func serveSkeind(t *testing.T, f *fake) *skeindServer {
 	t.Helper()
-	ss := &skeindServer{sock: filepath.Join(t.TempDir(), "s.sock")}
-	l, err := net.Listen("unix", ss.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, sock := listenUnix(t)
+	ss := &skeindServer{sock: sock}
 	h := wireserver.Handler(map[string]rpc.CNIMethods{rpc.CNI_ServiceDesc.ServiceName: f})
 	ss.split = cniwire.NewSplit(l, func(ctx context.Context, method string, body []byte) cniwire.Reply {
 		ss.wire.Add(1)
@@ -224,12 +230,7 @@ func TestMisbehavingServer(t *testing.T) {
 	}
 	for name, behave := range cases {
 		t.Run(name, func(t *testing.T) {
-			sock := filepath.Join(t.TempDir(), "s.sock")
-			l, err := net.Listen("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
+			l, sock := listenUnix(t)
 			// Every connection: the short path's, then gRPC's (the
 			// client falls back when nothing acknowledged its request).
 			go func() {
@@ -246,7 +247,7 @@ func TestMisbehavingServer(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
 			start := time.Now()
-			_, err = Call(ctx, sock, "Add", Request{ContainerID: "x"})
+			_, err := Call(ctx, sock, "Add", Request{ContainerID: "x"})
 			if err == nil {
 				t.Fatal("Call succeeded against a misbehaving server")
 			}
@@ -262,11 +263,7 @@ func TestMisbehavingServer(t *testing.T) {
 // the call must succeed rather than report a failure for work that is done.
 func TestGracefulStopMidCall(t *testing.T) {
 	f := &fake{got: make(chan *rpc.CNIRequest, 1), reply: &rpc.CNIReply{Result: []byte("done")}, delay: 300 * time.Millisecond}
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, sock := listenUnix(t)
 	s := grpc.NewServer()
 	rpc.RegisterCNIServer(s, f)
 	go s.Serve(l)
@@ -300,12 +297,7 @@ func TestShortPathNoRetry(t *testing.T) {
 		"hung up at once":            {func(c net.Conn) { c.Close() }, 2},
 	} {
 		t.Run(name, func(t *testing.T) {
-			sock := filepath.Join(t.TempDir(), "s.sock")
-			l, err := net.Listen("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
+			l, sock := listenUnix(t)
 			var conns atomic.Int64
 			go func() {
 				for {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -25,12 +24,7 @@ import (
 // the 16 KiB it allows; and a reply it accepts must be what the DATA
 // frames of stream 1 carried, up to the frame that ended the stream.
 func FuzzReply(f *testing.F) {
-	sock := filepath.Join(f.TempDir(), "h2.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { l.Close() })
+	l, sock := listenUnix(f)
 
 	f.Fuzz(func(t *testing.T, server []byte) {
 		served := make(chan struct{})
