@@ -152,10 +152,14 @@ func serve(t *testing.T, f *fakeAdmin) string {
 	return sock
 }
 
+// cannedNow is the clock of every cli run and the time the canned data's
+// ages count from, so an age cannot tick over between the two.
+var cannedNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
 // cli runs skeinctl with args and env (SKEIN_SOCKET and nothing else).
 func cli(env map[string]string, args ...string) (stdout, stderr string, code int) {
 	var o, e bytes.Buffer
-	code = run(args, &o, &e, func(k string) string { return env[k] })
+	code = runAt(args, &o, &e, func(k string) string { return env[k] }, func() time.Time { return cannedNow })
 	return o.String(), e.String(), code
 }
 
@@ -167,7 +171,7 @@ const (
 )
 
 func cannedAdmin() *fakeAdmin {
-	now := time.Now().UTC()
+	now := cannedNow
 	f := &fakeAdmin{
 		pools: []*rpc.Pool{
 			{Name: "default", Subnets: []string{"10.88.0.0/16"}, BlockSizeBits: 5,

@@ -21,7 +21,12 @@ func main() {
 // how the environment is read (SKEIN_SOCKET), so tests need not touch the
 // process environment.
 func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, getenv: getenv, now: time.Now}
+	return runAt(args, stdout, stderr, getenv, time.Now)
+}
+
+// runAt is run with the clock ages are computed against.
+func runAt(args []string, stdout, stderr io.Writer, getenv func(string) string, now func() time.Time) int {
+	a := &app{stdout: stdout, getenv: getenv, now: now}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
