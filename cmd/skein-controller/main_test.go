@@ -129,8 +129,8 @@ func startBinary(t *testing.T, env *kube.Env, name string) *kubenode.Controller 
 		t.Fatal(err)
 	}
 	return kubenode.StartController(t, kc, name,
-		"--leader-elect-namespace", namespace, "--lease-namespace", namespace, "--leader-elect-lease-duration", "3s",
-		"--leader-elect-renew-deadline", "2s", "--leader-elect-retry-period", "250ms",
+		"--leader-elect-namespace", namespace, "--lease-namespace", namespace, "--leader-elect-lease-duration", "6s",
+		"--leader-elect-renew-deadline", "4s", "--leader-elect-retry-period", "300ms",
 		"--node-gc-grace", "2s", "--pool-status-interval", "1s")
 }
 

@@ -218,8 +218,11 @@ func TestPoolStatusBurst(t *testing.T) {
 	}
 	tooClose := 0
 	for i := 1; i < len(writes); i++ {
-		// The watch delivers a little late or early: 10% leeway.
-		if writes[i].Sub(writes[i-1]) < interval*9/10 {
+		// The times are the watch's deliveries, not the writes: the
+		// first write lands while 200 creates load the API server and
+		// may arrive late while the next arrives promptly. A real double
+		// write would be milliseconds apart.
+		if writes[i].Sub(writes[i-1]) < interval/2 {
 			tooClose++
 		}
 	}

@@ -37,7 +37,10 @@ func startElected(t *testing.T, env *kube.Env, name string) *electedManager {
 	t.Helper()
 	cfg := rest.CopyConfig(env.Config)
 	cfg.UserAgent = name // the API server names the field manager after it
-	lease, renew, retry := 3*time.Second, 2*time.Second, 200*time.Millisecond
+	// Short for a quick take-over, but a renewal may take 4 s: an API
+	// server loaded by other packages' tests must not cost the leader its
+	// lease.
+	lease, renew, retry := 6*time.Second, 4*time.Second, 300*time.Millisecond
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        kube.Scheme,
 		Metrics:                       metricsserver.Options{BindAddress: "0"},

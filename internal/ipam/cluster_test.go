@@ -18,7 +18,7 @@ import (
 // under their names; lost marks blocks the "API" took away; pools
 // overrides a pool's definition (edited, re-created, deleted); claims
 // records every index asked for; hold, when set, blocks ClaimBlock until
-// it is closed.
+// it is closed, and holding (if set) is told when a claim starts waiting.
 type clusterFake struct {
 	*store.Bolt
 	mu      sync.Mutex
@@ -26,6 +26,7 @@ type clusterFake struct {
 	pools   map[string]*store.Pool // nil value: deleted
 	claims  []uint32
 	hold    chan struct{}
+	holding chan struct{}
 	changed func(string)
 }
 
@@ -55,12 +56,18 @@ func (c *clusterFake) NodeBlocks(ctx context.Context, pool, node string) ([]stor
 
 func (c *clusterFake) ClaimBlock(ctx context.Context, pool, node string, limit uint32, want *uint32, ok func(uint32) bool) (store.Block, error) {
 	c.mu.Lock()
-	hold := c.hold
+	hold, holding := c.hold, c.holding
 	if want != nil {
 		c.claims = append(c.claims, *want)
 	}
 	c.mu.Unlock()
 	if hold != nil {
+		if holding != nil {
+			select {
+			case holding <- struct{}{}:
+			default:
+			}
+		}
 		<-hold
 	}
 	if want == nil {
@@ -193,6 +200,7 @@ func TestClusterNoStoreCallUnderPoolLock(t *testing.T) {
 	first := mustAllocate(t, m, Request{Pool: "p"}) // claims a block of 4
 	c.mu.Lock()
 	c.hold = make(chan struct{})
+	c.holding = make(chan struct{}, 1)
 	c.mu.Unlock()
 	// Fill the block, so that the next ADD needs a claim, which hangs in
 	// the store.
@@ -205,7 +213,11 @@ func TestClusterNoStoreCallUnderPoolLock(t *testing.T) {
 		_, err := m.Allocate(context.Background(), Request{Pool: "p"})
 		claiming <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let it reach the store
+	select {
+	case <-c.holding: // it reached the store
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ADD that needs a claim never reached the store")
+	}
 	done := make(chan struct{})
 	go func() {
 		m.Release(context.Background(), "p", last)

@@ -110,8 +110,10 @@ func TestClaimOwnBlocks(t *testing.T) {
 	env, c := startEnv(t)
 	ctx := context.Background()
 	createPool(t, c, "default", "10.80.0.0/24", 3) // 32 blocks of 8
-	a := startNode(t, env, "node-a", t.TempDir(), nodeOpts{})
-	b := startNode(t, env, "node-b", t.TempDir(), nodeOpts{})
+	// Leases renewed once an hour: a renewal would be a write the counts
+	// below do not expect.
+	a := startNode(t, env, "node-a", t.TempDir(), nodeOpts{lease: time.Hour})
+	b := startNode(t, env, "node-b", t.TempDir(), nodeOpts{lease: time.Hour})
 
 	_, w0 := a.st.APIRequests()
 	tend(t, a)
@@ -679,20 +681,20 @@ func TestReleaseCutShortFinished(t *testing.T) {
 func TestLeaseRenewalOneWrite(t *testing.T) {
 	env, c := startEnv(t)
 	ctx := context.Background()
-	n := startNode(t, env, "node-r", t.TempDir(), nodeOpts{lease: 4 * time.Second}) // renewed every second
+	n := startNode(t, env, "node-r", t.TempDir(), nodeOpts{lease: 8 * time.Second}) // renewed every 2 s, each with 2 s to succeed
 	key := client.ObjectKey{Namespace: kubestore.DefaultLeaseNamespace, Name: skeinv1.NodeLeaseName("node-r")}
 	first := &coordinationv1.Lease{}
 	if err := c.Get(ctx, key, first); err != nil {
 		t.Fatal(err)
 	}
 	r0, w0 := n.st.APIRequests()
-	time.Sleep(3500 * time.Millisecond)
+	time.Sleep(7 * time.Second)
 	r1, w1 := n.st.APIRequests()
 	if r1 != r0 {
-		t.Errorf("%d reads in 3.5 s of Lease renewals, want none", r1-r0)
+		t.Errorf("%d reads in 7 s of Lease renewals, want none", r1-r0)
 	}
 	if w := w1 - w0; w < 2 || w > 4 {
-		t.Errorf("%d writes in 3.5 s of renewals every second, want about 3", w)
+		t.Errorf("%d writes in 7 s of renewals every 2 s, want about 3", w)
 	}
 	now := &coordinationv1.Lease{}
 	if err := c.Get(ctx, key, now); err != nil {

@@ -59,7 +59,7 @@ func TestDelNeverFetches(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, _ := img.Digest()
-	w := newWorld(t, `[{"name":"reg","image":"docker://`+host+`/skein/plugin@`+d.String()+`","type":"test","mode":"ok","addr":"10.1.0.5/24","timeout":"2s","containerInterface":"net0"}]`)
+	w := newWorld(t, `[{"name":"reg","image":"docker://`+host+`/skein/plugin@`+d.String()+`","type":"test","mode":"ok","addr":"10.1.0.5/24","timeout":"8s","containerInterface":"net0"}]`)
 	ns := w.pod()
 	ctx := context.Background()
 	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("reg")}); err != nil {
@@ -76,7 +76,7 @@ func TestDelNeverFetches(t *testing.T) {
 	select {
 	case err = <-done:
 	case <-time.After(20 * time.Second):
-		t.Fatal("detach still running after 20 s (the network's timeout is 2 s)")
+		t.Fatal("detach still running after 20 s (the network's timeout is 8 s)")
 	}
 	t.Logf("detach after %v: %v", time.Since(start).Round(time.Millisecond), err)
 	if !errors.Is(err, kurma.ErrImageGone) {

@@ -140,7 +140,7 @@ const testNets = `[
   {"name":"good","image":"%IMG%","type":"test","mode":"ok","addr":"10.1.0.5/24","containerInterface":"net{{num}}","default":true},
   {"name":"oldstyle","aci":"%IMG%","type":"test","mode":"old","addr":"10.2.0.5/24","containerInterface":"net{{num}}","default":true},
   {"name":"chatty","image":"%IMG%","type":"test","mode":"stderr","addr":"10.3.0.5/24","containerInterface":"c{{shortuuid}}"},
-  {"name":"hang","image":"%IMG%","type":"test","mode":"hang","timeout":"1s","containerInterface":"net{{num}}"},
+  {"name":"hang","image":"%IMG%","type":"test","mode":"hang","timeout":"3s","containerInterface":"net{{num}}"},
   {"name":"crash","image":"%IMG%","type":"test","mode":"crash","containerInterface":"net{{num}}"},
   {"name":"garbage","image":"%IMG%","type":"test","mode":"garbage","containerInterface":"net{{num}}"},
   {"name":"fail","image":"%IMG%","type":"test","mode":"fail","containerInterface":"net{{num}}"},

@@ -159,7 +159,9 @@ func TestHangKilledAtTimeout(t *testing.T) {
 	bothStarts(t, Options{}, func(t *testing.T, e *testEnv) {
 		token := fmt.Sprintf("hang-token-%d-%d", os.Getpid(), time.Now().UnixNano())
 		spec := e.spec(`{"mode":"hang","token":"` + token + `"}`)
-		spec.Timeout = 1500 * time.Millisecond
+		// Long enough for the sandbox and the grandchild to start on a
+		// loaded machine: the timeout covers the start too.
+		spec.Timeout = 3 * time.Second
 
 		// While the call runs, the grandchild must be there: otherwise the
 		// check after it proves nothing.
@@ -181,11 +183,11 @@ func TestHangKilledAtTimeout(t *testing.T) {
 		if !errors.Is(err, ErrTimeout) {
 			t.Fatalf("err = %v, want ErrTimeout", err)
 		}
-		if took < spec.Timeout || took > spec.Timeout+2*time.Second {
+		if took < spec.Timeout || took > spec.Timeout+3*time.Second {
 			t.Errorf("call took %v, want about the timeout %v", took, spec.Timeout)
 		}
 		var se *Error
-		if !errors.As(err, &se) || !strings.Contains(string(se.Stderr), "hanging") || !strings.Contains(err.Error(), "timed out after 1.5s") {
+		if !errors.As(err, &se) || !strings.Contains(string(se.Stderr), "hanging") || !strings.Contains(err.Error(), "timed out after 3s") {
 			t.Errorf("error %q (stderr %q): want the timeout and the plugin's stderr", err, se.Stderr)
 		}
 		if p := <-seen; len(p) == 0 {

@@ -76,6 +76,8 @@ func TestSupervisorRestartsWithBackoff(t *testing.T) {
 			t.Errorf("down error %q lacks %q", msg, w)
 		}
 	}
+	// Stopped first, so that no restart races the counts below.
+	sv.Close()
 	st := e.starts(t)
 	if len(st) < 4 {
 		t.Fatalf("%d starts in 3.2 s, want at least 4", len(st))
@@ -85,12 +87,15 @@ func TestSupervisorRestartsWithBackoff(t *testing.T) {
 	want := []time.Duration{300, 500, 900, 900}
 	for i := 1; i < len(st) && i <= len(want); i++ {
 		gap := st[i].Sub(st[i-1])
-		lo, hi := want[i-1]*time.Millisecond, (want[i-1]+500)*time.Millisecond
+		lo, hi := want[i-1]*time.Millisecond, (want[i-1]+700)*time.Millisecond
 		if gap < lo || gap > hi {
 			t.Errorf("restart %d came %v after the previous start, want %v..%v", i, gap, lo, hi)
 		}
 	}
-	if s := sv.Status(); s.Starts != len(st) {
+	// The supervisor counts a start when the process starts; the main exec
+	// records it once it has read its stdin, so a start the Close cut short
+	// may be counted and not recorded.
+	if s := sv.Status(); s.Starts != len(st) && s.Starts != len(st)+1 {
 		t.Errorf("status counts %d starts, the main exec recorded %d", s.Starts, len(st))
 	}
 }
