@@ -249,8 +249,15 @@ func TestEgressScale(t *testing.T) {
 		}
 		return ""
 	})
-	scale.Spec.Replicas = 0
-	if err := c.SubResource("scale").Update(ctx, eg, client.WithSubResourceBody(scale)); err != nil {
+	// The controller writes the Egress's status meanwhile, so an update
+	// from a stale read may conflict: read again and retry, as an HPA does.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.SubResource("scale").Get(ctx, eg, scale); err != nil {
+			return err
+		}
+		scale.Spec.Replicas = 0
+		return c.SubResource("scale").Update(ctx, eg, client.WithSubResourceBody(scale))
+	}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "deployment with 0 replicas", replicas(0))
