@@ -705,10 +705,14 @@ func TestLeaseRenewalOneWrite(t *testing.T) {
 	}
 	// Someone else's change (an admin's edit) makes the next renewal read
 	// the Lease again, and carry on.
-	now.Labels = map[string]string{"edited": "yes"}
-	if err := c.Update(ctx, now); err != nil {
+	// A merge patch carries no resourceVersion, so a renewal landing
+	// in between cannot make it conflict.
+	edited := now.DeepCopy()
+	edited.Labels = map[string]string{"edited": "yes"}
+	if err := c.Patch(ctx, edited, client.MergeFrom(now)); err != nil {
 		t.Fatal(err)
 	}
+	now = edited
 	eventually(t, "the Lease renewed after an edit", func() error {
 		l := &coordinationv1.Lease{}
 		if err := c.Get(ctx, key, l); err != nil {

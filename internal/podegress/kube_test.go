@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -459,12 +460,16 @@ func TestKubernetesPods(t *testing.T) {
 		n.waitApplied(t, web.Path(), withPools(natGW, nat2GW))
 	})
 	t.Run("destinations edit", func(t *testing.T) {
-		eg := &skeinv1.Egress{}
-		if err := n.c.Get(context.Background(), client.ObjectKey{Namespace: "gw", Name: "nat2"}, eg); err != nil {
-			t.Fatal(err)
-		}
-		eg.Spec.Destinations = []string{"198.51.100.0/24", "203.0.113.0/24"}
-		if err := n.c.Update(context.Background(), eg); err != nil {
+		// Retried on a conflict: the controller writes the Egress's
+		// status.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			eg := &skeinv1.Egress{}
+			if err := n.c.Get(context.Background(), client.ObjectKey{Namespace: "gw", Name: "nat2"}, eg); err != nil {
+				return err
+			}
+			eg.Spec.Destinations = []string{"198.51.100.0/24", "203.0.113.0/24"}
+			return n.c.Update(context.Background(), eg)
+		}); err != nil {
 			t.Fatal(err)
 		}
 		nat2GW = gateway("nat2", nat2IPs, false, "198.51.100.0/24", "203.0.113.0/24")
