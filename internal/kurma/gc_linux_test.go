@@ -57,17 +57,7 @@ func TestMainExec(t *testing.T) {
 	if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("served")}); err != nil {
 		t.Fatal(err)
 	}
-	// It may take a moment to start.
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		b, _ := os.ReadFile(filepath.Join(w.state, "served", "log"))
-		if strings.Contains(string(b), "main served") {
-			break
-		}
-		if time.Now().After(end) {
-			t.Errorf("the main exec did not run within 10 s:\n%s", b)
-			break
-		}
-	}
+	waitMainExec(t, w, "served")
 	var err error
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		_, err = w.pods.Attach(ctx, kurma.AttachRequest{ID: "pod-dying", NetNS: ns.Path(), Networks: sel("dying")})
@@ -142,14 +132,7 @@ func TestReloadStopsMainExecPromptly(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Let the main exec get as far as ignoring SIGTERM.
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if b, _ := os.ReadFile(filepath.Join(w.state, "stubborn", "log")); strings.Contains(string(b), "main stubborn") {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("the main exec did not start")
-		}
-	}
+	waitMainExec(t, w, "stubborn")
 	time.Sleep(100 * time.Millisecond)
 
 	w.cfg.PodNetworks = netsJSON(`[{"name":"good","image":"%IMG%","type":"test","mode":"ok","addr":"10.1.0.5/24","containerInterface":"eth0"}]`)
@@ -224,4 +207,20 @@ func TestGCReattached(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.assertNothingLeft("pod-a", ns)
+}
+
+// waitMainExec waits until the main exec of network has logged its start
+// (it may take a moment), at most 10 s.
+func waitMainExec(t *testing.T, w *world, network string) {
+	t.Helper()
+	log := filepath.Join(w.state, network, "log")
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(log)
+		if strings.Contains(string(b), "main "+network) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the main exec of %s did not start within 10 s:\n%s", network, b)
+		}
+	}
 }
