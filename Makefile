@@ -151,7 +151,7 @@ bench-quick: deps build
 FUZZTIME     ?= 30s
 FUZZMINIMIZE ?= 200x
 FUZZFLAGS    ?=
-FUZZ_PKGS    := ./internal/cni ./internal/cniclient ./internal/cniwire ./internal/docker ./internal/vm ./cmd/skeind
+FUZZ_PKGS    := ./internal/cni ./internal/cnirun ./internal/docker ./internal/vm ./cmd/skeind
 fuzz:
 	@set -e; for pkg in $(FUZZ_PKGS); do \
 		list=$$($(GO) test -list '^Fuzz' $$pkg); \

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +15,13 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
-	"github.com/skeinnet/skein/internal/cniclient"
+	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/cnirun"
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
@@ -29,14 +36,16 @@ import (
 //
 //   - dataplane: internal/dataplane's Setup in-process, as skeind runs it;
 //
-//   - call: skeind's CNI Add through the plugin's own client, no exec —
-//     the call and all of skeind's work;
+//   - call: the request the skein binary sends skeind (package cnirun)
+//     for an ADD, sent from this process, no exec — the call and all of
+//     skeind's work;
 //
-//   - call-grpc: the same over gRPC (the path of a skeind without the
-//     short one, package cniwire);
+//   - call-grpc: skeind's CNI Add over gRPC on a new connection (what a
+//     binary of a skein release before package cnirun pays);
 //
-//   - noop-call: a method skeind does not have — connection and dispatch
-//     without skeind's work (noop-call-grpc: over gRPC);
+//   - noop-call: the same request for a service skeind does not have —
+//     connection, checks and a spec error without skeind's work
+//     (noop-call-grpc: a method it lacks, over gRPC);
 //
 //   - exec: the skein binary exec'd directly with the CNI environment, no
 //     libcni;
@@ -85,14 +94,42 @@ func BenchmarkADDParts(b *testing.B) {
 			b.Fatalf("%s: %v", part, err)
 		}
 	}
-	callVia := func(via func(context.Context, string, string, string, cniclient.Request) (*cniclient.Reply, error), method, id string, pod *harness.NS) error {
-		rep, err := via(ctx, d.Socket, "skein.v1.CNI", method, cniclient.Request{ContainerID: id, NetNS: pod.Path(), IfName: "eth0", NetConf: conf})
+	runCall := func(service, verb, id string, pod *harness.NS) (cnirun.Reply, error) {
+		c, err := net.Dial("unix", d.Socket)
+		if err != nil {
+			return cnirun.Reply{}, err
+		}
+		defer c.Close()
+		env := []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + pod.Path(), "CNI_IFNAME=eth0", "CNI_PATH=" + d.BinDir}
+		if _, err := c.Write(cnirun.AppendRequest(nil, cnirun.Request{TimeoutMS: 60000, Service: service, Env: env, Stdin: conf})); err != nil {
+			return cnirun.Reply{}, err
+		}
+		out, err := io.ReadAll(c)
+		if err != nil {
+			return cnirun.Reply{}, err
+		}
+		return cnirun.ParseReply(out)
+	}
+	call := func(verb, id string, pod *harness.NS) error {
+		rep, err := runCall("skein.v1.CNI", verb, id, pod)
+		if err == nil && rep.Exit != 0 {
+			err = fmt.Errorf("exit %d: %s", rep.Exit, rep.Stdout)
+		}
+		return err
+	}
+	grpcCall := func(service, method, id string, pod *harness.NS) error {
+		conn, err := grpc.NewClient("unix://"+d.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		rep := new(rpc.CNIReply)
+		err = conn.Invoke(ctx, "/"+service+"/"+method, &rpc.CNIRequest{ContainerId: id, Netns: pod.Path(), Ifname: "eth0", Netconf: conf}, rep)
 		if err == nil && rep.Error != nil {
 			err = fmt.Errorf("%s", rep.Error.Msg)
 		}
 		return err
 	}
-	call := func(method, id string, pod *harness.NS) error { return callVia(cniclient.CallService, method, id, pod) }
 	execIn := func(dir, verb, id string, pod *harness.NS) error {
 		cmd := exec.Command(filepath.Join(dir, "skein"))
 		if dir != d.BinDir {
@@ -136,21 +173,23 @@ func BenchmarkADDParts(b *testing.B) {
 			floor()
 		}
 		id := fmt.Sprintf("call%d", i)
-		timed("call", func() error { return call("Add", id, ps[1]) })
-		_ = call("Del", id, ps[1])
+		timed("call", func() error { return call("ADD", id, ps[1]) })
+		_ = call("DEL", id, ps[1])
 		id = fmt.Sprintf("callg%d", i)
-		timed("call-grpc", func() error { return callVia(cniclient.CallServiceGRPC, "Add", id, ps[1]) })
-		_ = call("Del", id, ps[1])
-		for part, via := range map[string]func(context.Context, string, string, string, cniclient.Request) (*cniclient.Reply, error){
-			"noop-call": cniclient.CallService, "noop-call-grpc": cniclient.CallServiceGRPC,
-		} {
-			timed(part, func() error {
-				if _, err := via(ctx, d.Socket, "skein.v1.Nothing", "Add", cniclient.Request{}); err == nil {
-					return fmt.Errorf("an unknown service answered")
-				}
-				return nil
-			})
-		}
+		timed("call-grpc", func() error { return grpcCall("skein.v1.CNI", "Add", id, ps[1]) })
+		_ = call("DEL", id, ps[1])
+		timed("noop-call", func() error {
+			if rep, err := runCall("skein.v1.Nothing", "ADD", id, ps[1]); err != nil || rep.Exit == 0 {
+				return fmt.Errorf("an unknown service answered: %+v, %v", rep, err)
+			}
+			return nil
+		})
+		timed("noop-call-grpc", func() error {
+			if err := grpcCall("skein.v1.Nothing", "Add", id, ps[1]); status.Code(err) != codes.Unimplemented {
+				return fmt.Errorf("an unknown service answered: %v", err)
+			}
+			return nil
+		})
 		id = fmt.Sprintf("exec%d", i)
 		timed("exec", func() error { return execSkein("ADD", id, ps[2]) })
 		_ = execSkein("DEL", id, ps[2])

@@ -1,11 +1,11 @@
 // Command skein is the CNI plugin. It stays thin so that it starts fast:
-// it reads the runtime's request (the environment and the configuration,
-// checked and version-gated as the CNI library's skel would), forwards it
-// to skeind in one timed gRPC call over a UNIX socket, and prints skeind's
-// answer or a spec error. All the work —
-// IPAM, netlink, the store — happens in skeind (see internal/cniplugin for
-// the plugin, internal/cniclient for the call; imports_test.go keeps the
-// binary's dependencies light).
+// it hands the runtime's request (the CNI_ variables and the configuration)
+// to skeind in one frame over a UNIX socket and prints what skeind answers,
+// the result or a spec error, with the exit status skeind gives. skeind
+// checks the request as the CNI library's skel would and does all the work
+// — IPAM, netlink, the store (see internal/cnirun for the binary,
+// internal/cniplugin for skeind's side; cnirun's imports test keeps the
+// binary to the packages any Go program starts with).
 //
 // The Go runtime would fit GOMAXPROCS to a container's CPU limit and keep
 // its cgroup files open to follow changes; a plugin that lives for a few
@@ -14,10 +14,10 @@
 //go:debug containermaxprocs=0
 package main
 
-import "github.com/skeinnet/skein/internal/cniplugin"
+import "github.com/skeinnet/skein/internal/cnirun"
 
 var buildVersion = "dev"
 
 func main() {
-	cniplugin.Main(cniplugin.Plugin{Service: "skein.v1.CNI", About: "skein CNI plugin " + buildVersion})
+	cnirun.Main(cnirun.Plugin{Service: "skein.v1.CNI", About: "skein CNI plugin " + buildVersion})
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"syscall"
 	"unicode"
 	"unicode/utf8"
 
@@ -89,8 +88,9 @@ var envVars = []struct {
 }
 
 // dispatch runs one request: getenv and stdin are the runtime's, VERSION
-// and the "about" lines (without CNI_COMMAND) go to stdout and stderr.
-func dispatch(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer, v Verbs, about string) *Error {
+// and the "about" lines (without CNI_COMMAND) go to stdout and stderr;
+// ownNetNS reports whether CNI_NETNS is the plugin's own namespace.
+func dispatch(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer, v Verbs, about string, ownNetNS bool) *Error {
 	cmd := getenv("CNI_COMMAND")
 	vals := make(map[string]string, len(envVars))
 	var missing []string
@@ -142,7 +142,7 @@ func dispatch(getenv func(string) string, stdin io.Reader, stdout, stderr io.Wri
 		}
 		// As skel does: after the verb, refuse a CNI_NETNS that is the
 		// plugin's own namespace (unless the runtime overrides the check).
-		if o := args.NetnsOverride; strings.ToUpper(o) != "TRUE" && o != "1" && isOwnNetNS(args.Netns) {
+		if o := args.NetnsOverride; strings.ToUpper(o) != "TRUE" && o != "1" && ownNetNS {
 			return newError(errInvalidNetNS, "plugin's netns and netns from CNI_NETNS should not be the same", "")
 		}
 		return nil
@@ -329,15 +329,4 @@ func validateIfName(name string) *Error {
 		s = s[n:]
 	}
 	return nil
-}
-
-// isOwnNetNS reports whether path names the network namespace the plugin
-// runs in (the runtime's, usually the host's). A path that cannot be
-// read is not: skeind reports it.
-func isOwnNetNS(path string) bool {
-	var pod, self syscall.Stat_t
-	if path == "" || syscall.Stat(path, &pod) != nil || syscall.Stat("/proc/thread-self/ns/net", &self) != nil {
-		return false
-	}
-	return pod.Dev == self.Dev && pod.Ino == self.Ino
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -47,12 +48,22 @@ func describe(code uint, msg, details string) string {
 func runOurs(env map[string]string, stdin string, fail func() error, about string) outcome {
 	var o outcome
 	var out, errOut bytes.Buffer
-	e := dispatch(func(k string) string { return env[k] }, strings.NewReader(stdin), &out, &errOut, recorder(&o, fail), about)
+	e := dispatch(func(k string) string { return env[k] }, strings.NewReader(stdin), &out, &errOut, recorder(&o, fail), about, isOwnNetNS(env["CNI_NETNS"]))
 	if e != nil {
 		o.err = describe(e.Code, e.Msg, e.Details)
 	}
 	o.stdout, o.stderr = out.String(), errOut.String()
 	return o
+}
+
+// isOwnNetNS reports whether path names the test's own network namespace,
+// as skel judges CNI_NETNS.
+func isOwnNetNS(path string) bool {
+	var pod, self syscall.Stat_t
+	if path == "" || syscall.Stat(path, &pod) != nil || syscall.Stat("/proc/thread-self/ns/net", &self) != nil {
+		return false
+	}
+	return pod.Dev == self.Dev && pod.Ino == self.Ino
 }
 
 // runSkel runs the CNI library's skel, which the plugin used before

@@ -1,8 +1,8 @@
-// Package cniplugin is the whole of skein's CNI plugin binaries (skein and
-// skein-vm): read the runtime's request as the CNI library's skel would
-// (dispatch.go), forward it in one timed gRPC call to one of skeind's
-// services, print skeind's answer or a spec error carrying the
-// configuration's cniVersion. It stays small and links nothing heavy (see
-// internal/cniclient and the binaries' imports tests): the binaries are
-// exec'd for every ADD and DEL.
+// Package cniplugin runs in skeind what skein's CNI binaries (skein and
+// skein-vm) were exec'd for: the binaries hand the CNI_ variables and
+// stdin over whole (package cnirun), and Run checks them as the CNI
+// library's skel would (dispatch.go: the same checks, codes and messages),
+// calls the verb on one of skeind's services and returns what the binary
+// prints — the result or a spec error in the configuration's cniVersion —
+// and its exit status.
 package cniplugin

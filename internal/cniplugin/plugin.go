@@ -1,78 +1,44 @@
 package cniplugin
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"syscall"
 	"time"
 
-	"github.com/skeinnet/skein/internal/cniclient"
+	"github.com/skeinnet/skein/internal/cnirun"
 )
 
-// DefaultSocket is where skeind listens unless the network config's
-// "socket" or $SKEIN_SOCKET says otherwise.
-const DefaultSocket = "/run/skein/skeind.sock"
+// Caller makes one verb's call ("ADD", …) to the service the binary
+// names: it returns the result to print or an error (an *Error is the
+// spec error the binary prints; any other is an internal one).
+type Caller func(verb string, args *Args) ([]byte, error)
 
-// CallTimeout bounds one request; a runtime's own timeout is usually longer.
-const CallTimeout = 60 * time.Second
-
-// Plugin describes one plugin binary.
-type Plugin struct {
-	// Service is skeind's gRPC service, e.g. "skein.v1.CNI".
-	Service string
-	// About is the line printed without CNI_COMMAND, e.g. "skein CNI plugin v1".
-	About string
-	// Unimplemented is the message when skeind lacks Service ("" = a
-	// generic one).
-	Unimplemented string
-}
-
-// Main runs the plugin and exits.
-func Main(p Plugin) {
-	confVersion := ""
-	stdin := io.Reader(os.Stdin)
-	if os.Getenv("CNI_COMMAND") != "" {
-		// Read ahead so that an error can carry the configuration's
-		// cniVersion, as the spec's error format asks. Without
-		// CNI_COMMAND only the "about" lines are printed.
-		data, err := io.ReadAll(os.Stdin)
-		if err == nil {
-			confVersion = versionOf(data)
+// Run runs in skeind what a CNI binary was exec'd for (package cnirun
+// handed it over whole): it checks the request as skel would, calls the
+// verb and returns what the binary prints and exits with.
+func Run(req cnirun.Request, call Caller) cnirun.Reply {
+	var out bytes.Buffer
+	// The binary stat'ed both namespaces: skeind cannot see its caller's.
+	own := req.PodNS != (cnirun.NSID{}) && req.PodNS == req.SelfNS
+	verb := func(name string) func(*Args) error {
+		return func(args *Args) error {
+			if own && (name == "ADD" || name == "CHECK") {
+				return newError(errInvalidEnvironmentVariables,
+					fmt.Sprintf("CNI_NETNS %q is the network namespace the runtime runs the plugin in, not a pod's: refusing to plumb a pod interface into it", args.Netns), "")
+			}
+			result, err := call(name, args)
+			out.Write(result)
+			return err
 		}
-		stdin = &readResult{data: data, err: err}
 	}
-	if e := dispatch(os.Getenv, stdin, os.Stdout, os.Stderr, Verbs{
-		Add:    p.call("ADD"),
-		Del:    p.call("DEL"),
-		Check:  p.call("CHECK"),
-		GC:     p.call("GC"),
-		Status: p.call("STATUS"),
-	}, p.About); e != nil {
-		printError(confVersion, e)
-		os.Exit(1)
+	v := Verbs{Add: verb("ADD"), Del: verb("DEL"), Check: verb("CHECK"), GC: verb("GC"), Status: verb("STATUS")}
+	if e := dispatch(req.Getenv, bytes.NewReader(req.Stdin), &out, io.Discard, v, "", own); e != nil {
+		printError(&out, versionOf(req.Stdin), e)
+		return cnirun.Reply{Exit: 1, Stdout: out.Bytes()}
 	}
-}
-
-// readResult replays what reading stdin gave: the bytes, then its error.
-type readResult struct {
-	data []byte
-	err  error
-}
-
-func (r *readResult) Read(b []byte) (int, error) {
-	if len(r.data) == 0 {
-		if r.err != nil {
-			return 0, r.err
-		}
-		return 0, io.EOF
-	}
-	n := copy(b, r.data)
-	r.data = r.data[n:]
-	return n, nil
+	return cnirun.Reply{Stdout: out.Bytes()}
 }
 
 // versionOf is the version an error is reported in: the configuration's;
@@ -91,10 +57,10 @@ func versionOf(conf []byte) string {
 	return c.CNIVersion
 }
 
-// printError writes the spec's error object to stdout. When the
-// configuration gave no version (it could not be decoded) the newest one
-// skein speaks is named.
-func printError(confVersion string, e *Error) {
+// printError writes the spec's error object. When the configuration gave
+// no version (it could not be decoded) the newest one skein speaks is
+// named.
+func printError(w io.Writer, confVersion string, e *Error) {
 	if confVersion == "" {
 		confVersion = "1.1.0"
 	}
@@ -104,104 +70,26 @@ func printError(confVersion string, e *Error) {
 		Msg        string `json:"msg"`
 		Details    string `json:"details,omitempty"`
 	}{confVersion, e.Code, e.Msg, e.Details}, "", "    ")
-	_, _ = os.Stdout.Write(append(out, '\n'))
+	w.Write(append(out, '\n'))
 }
 
-// SocketPath picks skeind's socket for a request.
-func SocketPath(stdin []byte) string {
-	var c struct {
-		Socket string `json:"socket"`
-	}
-	_ = json.Unmarshal(stdin, &c) // dispatch already rejected undecodable input
-	if c.Socket != "" {
-		return c.Socket
-	}
-	if s := os.Getenv("SKEIN_SOCKET"); s != "" {
-		return s
-	}
-	return DefaultSocket
-}
+// gRPC status codes a failed call is judged by.
+const (
+	codeDeadlineExceeded = 4
+	codeUnimplemented    = 12
+	codeUnavailable      = 14
+)
 
-// methods maps CNI verbs onto the services' methods.
-var methods = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "GC": "GC", "STATUS": "Status"}
-
-func (p Plugin) call(verb string) func(*Args) error {
-	return func(args *Args) error {
-		if verb == "ADD" || verb == "CHECK" {
-			if err := notOwnNetNS(args.Netns); err != nil {
-				return err
-			}
-		}
-		sock := SocketPath(args.StdinData)
-		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
-		defer cancel()
-		reply, err := cniclient.CallService(ctx, sock, p.Service, methods[verb], cniclient.Request{
-			ContainerID: args.ContainerID,
-			NetNS:       args.Netns,
-			IfName:      args.IfName,
-			Args:        args.Args,
-			Path:        args.Path,
-			NetConf:     args.StdinData,
-		})
-		if err != nil {
-			return p.rpcError(verb, sock, err)
-		}
-		if e := reply.Error; e != nil {
-			return newError(uint(e.Code), e.Msg, e.Details)
-		}
-		if len(reply.Result) > 0 {
-			if _, err := os.Stdout.Write(reply.Result); err != nil {
-				return newError(errIOFailure, "write result: "+err.Error(), "")
-			}
-		}
-		return nil
+// CallFailed is the spec error for a verb whose call failed with a gRPC
+// status (code and message) rather than answer; timeout is the call's.
+func CallFailed(verb string, code int, msg string, timeout time.Duration) *Error {
+	switch code {
+	case codeUnavailable:
+		return newError(errTryAgainLater, "skeind cannot serve "+verb+" now", msg)
+	case codeUnimplemented:
+		return newError(errPluginNotAvailable, msg, "")
+	case codeDeadlineExceeded:
+		return newError(errTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, timeout), "")
 	}
-}
-
-// codeUnimplemented is gRPC's status for a service the server lacks.
-const codeUnimplemented = 12
-
-func (p Plugin) rpcError(verb, sock string, err error) error {
-	var se *cniclient.StatusError
-	switch {
-	case errors.Is(err, cniclient.ErrUnavailable),
-		errors.As(err, &se) && se.Code == cniclient.CodeUnavailable:
-		return unreachable(verb, sock, err)
-	case errors.As(err, &se) && se.Code == codeUnimplemented:
-		msg := p.Unimplemented
-		if msg == "" {
-			msg = "skeind at " + sock + " does not serve " + p.Service
-		}
-		return newError(errPluginNotAvailable, msg, err.Error())
-	case errors.As(err, &se) && se.Code == cniclient.CodeDeadlineExceeded:
-		return newError(errTryAgainLater, fmt.Sprintf("skeind did not answer %s within %v", verb, CallTimeout), "")
-	}
-	return newError(errInternal, fmt.Sprintf("skeind failed %s: %v", verb, err), "")
-}
-
-// unreachable: STATUS reports the plugin unavailable (50); other verbs ask
-// the runtime to retry (11), so nothing is forgotten while skeind restarts.
-func unreachable(verb, sock string, err error) error {
-	code := uint(errTryAgainLater)
-	if verb == "STATUS" {
-		code = errPluginNotAvailable
-	}
-	return newError(code, fmt.Sprintf("cannot reach skeind at %s: is it running?", sock), err.Error())
-}
-
-// notOwnNetNS refuses a CNI_NETNS that is the namespace the plugin itself
-// runs in, i.e. the runtime's own (usually the host's): skeind cannot see
-// the caller's namespace, so this check is made here. (skeind refuses the
-// node's, its own and PID 1's.) Two stats, no parsing: the plugin must
-// start fast.
-func notOwnNetNS(path string) error {
-	var pod, self syscall.Stat_t
-	if path == "" || syscall.Stat(path, &pod) != nil || syscall.Stat("/proc/self/ns/net", &self) != nil {
-		return nil // skeind reports a missing or unreadable namespace
-	}
-	if pod.Dev == self.Dev && pod.Ino == self.Ino {
-		return newError(errInvalidEnvironmentVariables,
-			fmt.Sprintf("CNI_NETNS %q is the network namespace the runtime runs the plugin in, not a pod's: refusing to plumb a pod interface into it", path), "")
-	}
-	return nil
+	return newError(errInternal, fmt.Sprintf("skeind failed %s: %s", verb, msg), "")
 }

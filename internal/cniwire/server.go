@@ -1,3 +1,17 @@
+// Package cniwire is skeind's socket split: the skein CNI binaries hand
+// their whole exec to skeind on the socket gRPC serves (package cnirun:
+// one framed request, one reply, no handshake), and Split tells the two
+// apart by a connection's first bytes. Every connection that does not
+// start with cnirun.RequestMagic goes to the gRPC server, bytes and all
+// (skeinctl, front doors, and the CNI binaries of skein releases before
+// this protocol: they fall back to gRPC when a skeind answers their own
+// short path's magic with an HTTP/2 SETTINGS frame, as this one does).
+//
+// Why not gRPC for the binaries: a unary call on a fresh connection, as a
+// binary makes on every exec, costs skeind grpc-go's per-connection set-up
+// and the binary an HTTP/2 client (its package start, the settings
+// exchange, HPACK): about 0.4 ms of a 2-core machine's time per ADD (see
+// docs/benchmarks/report.md).
 package cniwire
 
 import (
@@ -7,11 +21,15 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/skeinnet/skein/internal/cnirun"
 )
 
-// Handler runs one call: the method ("/service/Method") with the request
-// body; it returns the reply (Body set when Code is 0).
-type Handler func(ctx context.Context, method string, body []byte) Reply
+// RunHandler runs one exec of a CNI binary that handed it over whole
+// (package cnirun): it returns what the binary prints and exits with.
+type RunHandler func(ctx context.Context, req cnirun.Request) cnirun.Reply
+
+const magicLength = len(cnirun.RequestMagic)
 
 // sniffTimeout bounds the wait for a new connection's first bytes. A
 // gRPC client writes its preface at once, the skein binary its request.
@@ -21,21 +39,21 @@ const sniffTimeout = 5 * time.Second
 // server (gRPC): Listener returns the connections that are not ours, their
 // first bytes replayed. Close it to stop both.
 type Split struct {
-	l       net.Listener
-	handler Handler
-	other   chan net.Conn
-	done    chan struct{}
-	once    sync.Once
-	calls   sync.WaitGroup
+	l     net.Listener
+	run   RunHandler
+	other chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+	calls sync.WaitGroup
 	// base ends calls in flight when Close is called with Abort.
 	base   context.Context
 	cancel context.CancelFunc
 	err    error // the Accept error that ended the loop
 }
 
-// NewSplit starts accepting on l.
-func NewSplit(l net.Listener, h Handler) *Split {
-	s := &Split{l: l, handler: h, other: make(chan net.Conn), done: make(chan struct{})}
+// NewSplit starts accepting on l: the CNI binaries' execs go to run.
+func NewSplit(l net.Listener, run RunHandler) *Split {
+	s := &Split{l: l, run: run, other: make(chan net.Conn), done: make(chan struct{})}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	go s.accept()
 	return s
@@ -70,7 +88,7 @@ func (s *Split) sniff(c net.Conn) {
 	c.SetReadDeadline(time.Now().Add(sniffTimeout))
 	br := bufio.NewReader(c)
 	first, err := br.Peek(magicLength)
-	if err == nil && isRequest(first) {
+	if err == nil && string(first) == cnirun.RequestMagic {
 		br.Discard(magicLength)
 		s.calls.Add(1)
 		defer s.calls.Done()
@@ -89,25 +107,21 @@ func (s *Split) sniff(c net.Conn) {
 	}
 }
 
-// serve reads the request, acknowledges it, runs it and answers.
+// serve reads an exec's request, runs it and answers once.
 func (s *Split) serve(c net.Conn, br *bufio.Reader) {
 	defer c.Close()
-	req, err := ReadRequest(br)
+	req, err := cnirun.ReadRequest(br)
 	if err != nil {
 		return // malformed or cut short: nothing was run
 	}
 	c.SetReadDeadline(time.Time{})
-	if _, err := c.Write([]byte(AckMagic)); err != nil {
-		return
-	}
 	ctx, cancel := context.WithCancel(s.base)
 	defer cancel()
 	if req.TimeoutMS > 0 {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMS)*time.Millisecond)
 		defer cancel()
 	}
-	rep := s.handler(ctx, req.Method, req.Body)
-	c.Write(AppendReply(nil, rep))
+	c.Write(cnirun.AppendReply(nil, s.run(ctx, req)))
 }
 
 // Listener is what a gRPC server serves: the connections that are not

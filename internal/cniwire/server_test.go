@@ -1,7 +1,6 @@
 package cniwire
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net"
@@ -10,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/skeinnet/skein/internal/cnirun"
 )
 
 // flakyListener fails its first Accepts with a temporary error (EMFILE).
@@ -35,27 +36,31 @@ func TestSplitSurvivesTemporaryErrors(t *testing.T) {
 	}
 	fl := &flakyListener{Listener: l}
 	fl.fails.Store(3)
-	s := NewSplit(fl, func(ctx context.Context, method string, body []byte) Reply {
-		return Reply{Body: append([]byte(method+":"), body...)}
+	s := NewSplit(fl, func(ctx context.Context, req cnirun.Request) cnirun.Reply {
+		return cnirun.Reply{Stdout: append([]byte(req.Service+":"), req.Stdin...)}
 	})
 	defer s.Close()
+	if rep, err := execOn(sock, cnirun.Request{Service: "s", Stdin: []byte("b")}); err != nil || string(rep.Stdout) != "s:b" {
+		t.Fatalf("after temporary accept errors: reply %+v, %v", rep, err)
+	}
+}
+
+// execOn sends req as a CNI binary does and reads the reply.
+func execOn(sock string, req cnirun.Request) (cnirun.Reply, error) {
 	c, err := net.Dial("unix", sock)
 	if err != nil {
-		t.Fatal(err)
+		return cnirun.Reply{}, err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Write(AppendRequest(nil, Request{Method: "/s/M", Body: []byte("b")})); err != nil {
-		t.Fatal(err)
+	if _, err := c.Write(cnirun.AppendRequest(nil, req)); err != nil {
+		return cnirun.Reply{}, err
 	}
-	br := bufio.NewReader(c)
-	if err := ReadAck(br); err != nil {
-		t.Fatalf("no acknowledgement after temporary accept errors: %v", err)
+	out, err := io.ReadAll(c)
+	if err != nil {
+		return cnirun.Reply{}, err
 	}
-	rep, err := ReadReply(br)
-	if err != nil || string(rep.Body) != "/s/M:b" {
-		t.Fatalf("reply %+v, %v", rep, err)
-	}
+	return cnirun.ParseReply(out)
 }
 
 // TestSplitRoutesOthers: a connection that does not open a request goes
@@ -68,7 +73,7 @@ func TestSplitRoutesOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
-	s := NewSplit(l, func(context.Context, string, []byte) Reply { calls.Add(1); return Reply{} })
+	s := NewSplit(l, func(context.Context, cnirun.Request) cnirun.Reply { calls.Add(1); return cnirun.Reply{} })
 	defer s.Close()
 	other := s.Listener()
 
@@ -97,5 +102,28 @@ func TestSplitRoutesOthers(t *testing.T) {
 	s.Close()
 	if _, err := other.Accept(); err == nil {
 		t.Error("Accept after Close succeeded")
+	}
+}
+
+// TestSplitRunsExecs: a CNI binary's whole exec (package cnirun) goes to
+// the run handler with the call's deadline, and its answer comes back in
+// one reply.
+func TestSplitRunsExecs(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSplit(l, func(ctx context.Context, req cnirun.Request) cnirun.Reply {
+		dl, ok := ctx.Deadline()
+		if !ok || time.Until(dl) > 3*time.Second {
+			t.Errorf("deadline %v %v, want the request's 3 s", dl, ok)
+		}
+		return cnirun.Reply{Exit: 2, Stdout: append([]byte(req.Service+":"), req.Stdin...)}
+	})
+	defer s.Close()
+	rep, err := execOn(sock, cnirun.Request{TimeoutMS: 3000, Service: "svc", Stdin: []byte("in")})
+	if err != nil || rep.Exit != 2 || string(rep.Stdout) != "svc:in" {
+		t.Fatalf("reply %+v, %v", rep, err)
 	}
 }

@@ -329,7 +329,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}()
 	// The CNI binaries' short path and gRPC share the socket.
 	d.closeMu.Lock()
-	d.split = cniwire.NewSplit(l, wireserver.Handler(d.wire))
+	d.split = cniwire.NewSplit(l, wireserver.RunHandler(d.wire))
 	d.closeMu.Unlock()
 	go func() { errc <- d.grpc.Serve(d.split.Listener()) }()
 	d.log.Info("skeind serving", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "node", d.cfg.Node,

@@ -1,64 +1,86 @@
-// Package wireserver is skeind's side of the short path (package cniwire)
-// for its gRPC services: it runs a call's method as the gRPC server would
-// have, with the same protobuf messages and the same status codes and
-// messages. It is apart from package cniwire so that the CNI binary, which
-// links cniwire, links no protobuf or gRPC.
+// Package wireserver runs the CNI binaries' execs (package cnirun) against
+// skeind's gRPC services (skein.v1.CNI, skein.v1.VM), calling their
+// methods in-process with the protobuf request a gRPC client would have
+// sent, and judging their errors by the status codes a client would have
+// seen.
 package wireserver
 
 import (
 	"context"
 	"errors"
-	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/cniplugin"
+	"github.com/skeinnet/skein/internal/cnirun"
 	"github.com/skeinnet/skein/internal/cniwire"
 )
 
-// Handler serves the methods of services (by gRPC service name, e.g.
-// "skein.v1.CNI"). The map is read on every call: fill it before serving.
-func Handler(services map[string]rpc.CNIMethods) cniwire.Handler {
-	return func(ctx context.Context, method string, body []byte) cniwire.Reply {
-		service, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-		var f func(context.Context, *rpc.CNIRequest) (*rpc.CNIReply, error)
-		if m := services[service]; m != nil {
-			switch name {
-			case "Add":
-				f = m.Add
-			case "Del":
-				f = m.Del
-			case "Check":
-				f = m.Check
-			case "Status":
-				f = m.Status
-			case "GC":
-				f = m.GC
+// methodOf is one of m's methods by its gRPC name; nil when m is nil or
+// has no such method.
+func methodOf(m rpc.CNIMethods, name string) func(context.Context, *rpc.CNIRequest) (*rpc.CNIReply, error) {
+	if m == nil {
+		return nil
+	}
+	switch name {
+	case "Add":
+		return m.Add
+	case "Del":
+		return m.Del
+	case "Check":
+		return m.Check
+	case "Status":
+		return m.Status
+	case "GC":
+		return m.GC
+	}
+	return nil
+}
+
+// callStatus is a method's error as a gRPC client would see it: the call's
+// own deadline or cancellation as such.
+func callStatus(ctx context.Context, err error) *status.Status {
+	st := status.Convert(err)
+	if st.Code() == codes.Unknown && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		st = status.FromContextError(ctx.Err())
+	}
+	return st
+}
+
+// hints say why skeind may lack a service.
+var hints = map[string]string{"skein.v1.VM": "skeind does not serve VMs (started with --vm-socket=off?)"}
+
+// verbs maps CNI verbs onto the services' methods.
+var verbs = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "GC": "GC", "STATUS": "Status"}
+
+// RunHandler runs the CNI binaries' execs (package cnirun) against
+// services, calling the methods in-process.
+func RunHandler(services map[string]rpc.CNIMethods) cniwire.RunHandler {
+	return func(ctx context.Context, req cnirun.Request) cnirun.Reply {
+		timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+		return cniplugin.Run(req, func(verb string, a *cniplugin.Args) ([]byte, error) {
+			m := services[req.Service]
+			if m == nil {
+				msg := hints[req.Service]
+				if msg == "" {
+					msg = "skeind does not serve " + req.Service
+				}
+				return nil, cniplugin.CallFailed(verb, int(codes.Unimplemented), msg, timeout)
 			}
-		}
-		if f == nil {
-			return cniwire.Reply{Code: uint32(codes.Unimplemented), Message: "unknown method " + method}
-		}
-		var req rpc.CNIRequest
-		if err := proto.Unmarshal(body, &req); err != nil {
-			return cniwire.Reply{Code: uint32(codes.Internal), Message: "error unmarshalling request: " + err.Error()}
-		}
-		rep, err := f(ctx, &req)
-		if err != nil {
-			st := status.Convert(err)
-			if st.Code() == codes.Unknown && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-				// The call's own deadline or cancellation, as a gRPC
-				// client would see it.
-				st = status.FromContextError(ctx.Err())
+			rep, err := methodOf(m, verbs[verb])(ctx, &rpc.CNIRequest{
+				ContainerId: a.ContainerID, Netns: a.Netns, Ifname: a.IfName, Args: a.Args, Path: a.Path, Netconf: a.StdinData,
+			})
+			if err != nil {
+				st := callStatus(ctx, err)
+				return nil, cniplugin.CallFailed(verb, int(st.Code()), st.Message(), timeout)
 			}
-			return cniwire.Reply{Code: uint32(st.Code()), Message: st.Message()}
-		}
-		out, err := proto.Marshal(rep)
-		if err != nil {
-			return cniwire.Reply{Code: uint32(codes.Internal), Message: "error marshalling reply: " + err.Error()}
-		}
-		return cniwire.Reply{Body: out}
+			if e := rep.GetError(); e != nil {
+				return nil, &cniplugin.Error{Code: uint(e.Code), Msg: e.Msg, Details: e.Details}
+			}
+			return rep.Result, nil
+		})
 	}
 }

@@ -1,0 +1,259 @@
+// Package cnirun is the skein CNI binaries' side of their call to skeind,
+// and the whole of those binaries: a runtime execs one for every ADD and
+// DEL, and most of what it costs is the process's start, which grows with
+// each package the binary links. So the binary does next to nothing: it
+// reads stdin, stats two namespaces and hands the CNI_ variables and
+// stdin to skeind in one frame (wire.go); skeind checks them as the CNI
+// library's skel would, runs the verb and answers what the binary prints
+// and its exit status (internal/cniplugin). Locally it answers only what
+// needs no skeind: VERSION, the "about" lines, and a spec error when skeind
+// cannot be reached. It links os and syscall and nothing the Go runtime
+// does not already start (cmd/skein's imports_test.go keeps it so).
+package cnirun
+
+import (
+	"io"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/skeinnet/skein/internal/cnispec"
+)
+
+// DefaultSocket is where skeind listens unless the network configuration's
+// "socket" or $SKEIN_SOCKET says otherwise.
+const DefaultSocket = "/run/skein/skeind.sock"
+
+// CallTimeout bounds one call; skeind is told it and gives up first.
+const CallTimeout = 60 * time.Second
+
+// A second on top of CallTimeout for skeind's own answer to arrive.
+const callGrace = time.Second
+
+// Plugin describes one plugin binary.
+type Plugin struct {
+	Service string // skeind's service, "skein.v1.CNI"
+	About   string // the first "about" line, "skein CNI plugin v1"
+}
+
+// Spec error codes the binary gives itself.
+const (
+	errIOFailure          = 5
+	errDecodingFailure    = 6
+	errTryAgainLater      = 11
+	errPluginNotAvailable = 50
+)
+
+// Main runs the binary and exits.
+func Main(p Plugin) {
+	os.Exit(p.run(os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+}
+
+// env are the variables skeind is sent.
+var env = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"}
+
+func (p Plugin) run(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmd := getenv("CNI_COMMAND")
+	switch cmd {
+	case "":
+		io.WriteString(stderr, p.About+"\nCNI protocol versions supported: "+join(cnispec.Versions, ", ", "")+"\n")
+		return 0
+	case "VERSION":
+		_, err := io.WriteString(stdout, `{"cniVersion":"`+cnispec.Newest+`","supportedVersions":[`+join(cnispec.Versions, ",", `"`)+"]}\n")
+		if err != nil {
+			return 1
+		}
+		return 0
+	}
+	data, err := io.ReadAll(stdin)
+	if err != nil {
+		return printError(stdout, "", errIOFailure, "error reading from stdin: "+err.Error(), "")
+	}
+	if len(data) > MaxStdin {
+		return printError(stdout, versionOf(data), errIOFailure, "the network configuration is longer than "+strconv.Itoa(MaxStdin)+" bytes", "")
+	}
+	req := Request{TimeoutMS: uint32(CallTimeout.Milliseconds()), Service: p.Service, Stdin: data}
+	for _, name := range env {
+		if v := getenv(name); v != "" {
+			req.Env = append(req.Env, name+"="+v)
+		}
+	}
+	req.SelfNS = nsID("/proc/thread-self/ns/net")
+	if path := getenv("CNI_NETNS"); path != "" {
+		req.PodNS = nsID(path)
+	}
+	sock, _ := configString(data, "socket")
+	if sock == "" {
+		sock = getenv("SKEIN_SOCKET")
+	}
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	out, err := call(sock, AppendRequest(nil, req))
+	if err == nil {
+		var rep Reply
+		if rep, err = ParseReply(out); err == nil {
+			if _, err := stdout.Write(rep.Stdout); err != nil {
+				return 1
+			}
+			return int(rep.Exit)
+		}
+	}
+	if !valid(data) {
+		// skeind would have said so, in encoding/json's words; without it
+		// the configuration is still the first thing wrong.
+		return printError(stdout, "", errDecodingFailure, "error unmarshall network config: not valid JSON", "skeind, which would have said where, cannot be reached: "+err.Error())
+	}
+	code := errTryAgainLater
+	if cmd == "STATUS" {
+		code = errPluginNotAvailable
+	}
+	msg := "cannot reach skeind at " + sock + ": is it running?"
+	switch {
+	case err == errNoAnswer:
+		msg = "skeind at " + sock + " closed the connection without an answer"
+	case err == syscall.EAGAIN:
+		msg = "skeind did not answer " + cmd + " within " + CallTimeout.String()
+	case err == ErrFrame:
+		msg = "skeind at " + sock + " does not answer this plugin's calls (" + RequestMagic[:len(RequestMagic)-1] + "): is it older than the plugin?"
+	}
+	return printError(stdout, versionOf(data), code, msg, err.Error())
+}
+
+// errNoAnswer: the connection ended before any byte of an answer.
+var errNoAnswer = syscall.ECONNRESET
+
+// call sends req on a new connection to sock and reads the answer to its
+// end. The socket blocks (no poller, no goroutine) with the call's timeout
+// on both directions: an EAGAIN is a timeout.
+func call(sock string, req []byte) ([]byte, error) {
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer syscall.Close(fd)
+	tv := syscall.NsecToTimeval(int64(CallTimeout + callGrace))
+	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
+	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
+	if err := retry(func() error { return syscall.Connect(fd, &syscall.SockaddrUnix{Name: sock}) }); err != nil {
+		return nil, err
+	}
+	for len(req) > 0 {
+		var n int
+		if err := retry(func() (err error) { n, err = syscall.Write(fd, req); return err }); err != nil {
+			return nil, err
+		}
+		req = req[n:]
+	}
+	out := make([]byte, 0, 4096)
+	for {
+		if len(out) == cap(out) {
+			if len(out) > MaxStdout+len(ReplyMagic)+5 {
+				return nil, ErrFrame
+			}
+			out = append(out, 0)[:len(out)]
+		}
+		var n int
+		err := retry(func() (err error) { n, err = syscall.Read(fd, out[len(out):cap(out)]); return err })
+		out = out[:len(out)+max(n, 0)]
+		switch {
+		case err == syscall.ECONNRESET && len(out) == 0, err == nil && n == 0 && len(out) == 0:
+			return nil, errNoAnswer
+		case err == syscall.ECONNRESET && !isPrefix(out, ReplyMagic):
+			return nil, ErrFrame // an older skeind's gRPC server, refusing our bytes
+		case err != nil:
+			return nil, err
+		case n == 0:
+			return out, nil
+		}
+	}
+}
+
+// retry repeats f while a signal interrupts it: the Go runtime's signals
+// interrupt a socket call that has a timeout even with SA_RESTART.
+func retry(f func() error) error {
+	for {
+		if err := f(); err != syscall.EINTR {
+			return err
+		}
+	}
+}
+
+func isPrefix(b []byte, magic string) bool {
+	n := min(len(b), len(magic))
+	return string(b[:n]) == magic[:n]
+}
+
+// nsID stats a namespace file; zero when it cannot.
+func nsID(path string) NSID {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return NSID{}
+	}
+	return NSID{Dev: st.Dev, Ino: st.Ino}
+}
+
+// versionOf is the version a local error is reported in: the
+// configuration's; one that decodes but names none is 0.1.0; "" when it
+// does not decode.
+func versionOf(conf []byte) string {
+	v, bad := configString(conf, "cniVersion")
+	switch {
+	case bad:
+		return ""
+	case v == "":
+		return "0.1.0"
+	}
+	return v
+}
+
+// printError writes the spec's error object, in the configuration's
+// version (the newest skein speaks when it has none), and returns the
+// exit status 1.
+func printError(w io.Writer, version string, code int, msg, details string) int {
+	if version == "" {
+		version = cnispec.Newest
+	}
+	b := []byte("{\n    \"cniVersion\": ")
+	b = quote(b, version)
+	b = append(b, ",\n    \"code\": "...)
+	b = strconv.AppendInt(b, int64(code), 10)
+	b = append(b, ",\n    \"msg\": "...)
+	b = quote(b, msg)
+	if details != "" {
+		b = append(b, ",\n    \"details\": "...)
+		b = quote(b, details)
+	}
+	w.Write(append(b, "\n}\n"...))
+	return 1
+}
+
+// quote appends s as a JSON string.
+func quote(b []byte, s string) []byte {
+	b = append(b, '"')
+	for _, r := range s { // invalid UTF-8 comes as U+FFFD
+		switch {
+		case r == '"' || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r < 0x20:
+			b = append(b, `\u00`...)
+			b = append(b, "0123456789abcdef"[r>>4], "0123456789abcdef"[r&15])
+		default:
+			b = utf8.AppendRune(b, r)
+		}
+	}
+	return append(b, '"')
+}
+
+func join(list []string, sep, q string) string {
+	s := ""
+	for i, v := range list {
+		if i > 0 {
+			s += sep
+		}
+		s += q + v + q
+	}
+	return s
+}
