@@ -134,14 +134,20 @@ func (kn *kubeNode) close() {
 }
 
 // openKubeStore opens the Kubernetes store on the shared cache, with
-// attachments in the embedded file under cfg.StateDir.
+// attachments in the embedded file under cfg.StateDir (the CNI front
+// door's in the volatile file beside the socket).
 func openKubeStore(ctx context.Context, cfg daemon.Config, rc *rest.Config, c *sharedCache, k kubeFlags) (store.Store, error) {
 	dir := cfg.StateDir
 	if dir == "" {
 		dir = daemon.DefaultStateDir
 	}
-	local, err := store.OpenBolt(filepath.Join(dir, "skein.db"), store.BoltOptions{AttachmentsOnly: true})
+	durable, err := store.OpenBolt(filepath.Join(dir, "skein.db"), store.BoltOptions{AttachmentsOnly: true})
 	if err != nil {
+		return nil, err
+	}
+	local, err := cfg.OpenTiered(durable, false)
+	if err != nil {
+		durable.Close()
 		return nil, err
 	}
 	st, err := kubestore.New(ctx, kubestore.Options{Config: rc, Node: cfg.Node, Local: local, GrantTimeout: k.grantTimeout,

@@ -42,6 +42,7 @@ type Split struct {
 	l     net.Listener
 	run   RunHandler
 	other chan net.Conn
+	idle  chan net.Conn
 	done  chan struct{}
 	once  sync.Once
 	calls sync.WaitGroup
@@ -53,7 +54,7 @@ type Split struct {
 
 // NewSplit starts accepting on l: the CNI binaries' execs go to run.
 func NewSplit(l net.Listener, run RunHandler) *Split {
-	s := &Split{l: l, run: run, other: make(chan net.Conn), done: make(chan struct{})}
+	s := &Split{l: l, run: run, other: make(chan net.Conn), done: make(chan struct{}), idle: make(chan net.Conn)}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	go s.accept()
 	return s
@@ -79,7 +80,28 @@ func (s *Split) accept() {
 			return
 		}
 		backoff = 0
-		go s.sniff(c)
+		select {
+		case s.idle <- c:
+		default:
+			go s.worker(c)
+		}
+	}
+}
+
+// worker serves c, then waits for more.
+func (s *Split) worker(c net.Conn) {
+	t := time.NewTimer(time.Minute)
+	defer t.Stop()
+	for {
+		s.sniff(c)
+		t.Reset(time.Minute)
+		select {
+		case c = <-s.idle:
+		case <-t.C:
+			return
+		case <-s.done:
+			return
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,6 +48,10 @@ type Config struct {
 	StateDir string `json:"stateDir,omitempty"`
 	// Socket is the gRPC socket; "" = /run/skein/skeind.sock.
 	Socket string `json:"socket,omitempty"`
+	// VolatileStore is the file of the attachment records a reboot voids
+	// (the CNI front door's: see store.Tiered); "" = beside Socket,
+	// <Socket without .sock>-attachments.db (on /run, a tmpfs, by default).
+	VolatileStore string `json:"volatileStore,omitempty"`
 	// MetricsAddr serves /metrics, /healthz and /readyz; it must be a
 	// loopback address. "" = 127.0.0.1:9383; "off" disables.
 	MetricsAddr string `json:"metricsAddr,omitempty"`
@@ -95,6 +100,32 @@ const (
 	DefaultSocket      = "/run/skein/skeind.sock"
 	DefaultMetricsAddr = "127.0.0.1:9383"
 )
+
+// VolatileStorePath is where VolatileStore is.
+func (c Config) VolatileStorePath() string {
+	if c.VolatileStore != "" {
+		return c.VolatileStore
+	}
+	sock := c.Socket
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	return strings.TrimSuffix(sock, ".sock") + "-attachments.db"
+}
+
+// OpenTiered puts durable under a store.Tiered whose volatile file (at
+// VolatileStorePath) keeps the CNI front door's attachment records: a
+// pod's record lives as long as its network namespace, which no reboot
+// keeps either, so it is written without a sync (docs/architecture.md).
+// checkPools: durable holds the pools.
+func (c Config) OpenTiered(durable store.Store, checkPools bool) (*store.Tiered, error) {
+	return store.OpenTiered(context.Background(), durable, store.TieredOptions{
+		Path:       c.VolatileStorePath(),
+		Volatile:   func(a store.Attachment) bool { return a.Owner == OwnerCNI },
+		CheckPools: checkPools,
+		Force:      c.ReconcileForce,
+	})
+}
 
 // Daemon is a running skeind.
 type Daemon struct {
@@ -160,7 +191,12 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 
 	st := cfg.Store
 	if st == nil {
-		if st, err = store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{}); err != nil {
+		durable, err := store.OpenBolt(filepath.Join(cfg.StateDir, "skein.db"), store.BoltOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if st, err = cfg.OpenTiered(durable, true); err != nil {
+			durable.Close()
 			return nil, err
 		}
 	}

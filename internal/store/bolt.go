@@ -31,6 +31,9 @@ type BoltOptions struct {
 	// Kubernetes API); an attachment's pool is not looked for in this
 	// file. False: an attachment must name a pool of this file.
 	AttachmentsOnly bool
+	// NoSync: commits are not synced to the disk (Tiered's volatile file:
+	// they survive the process, not the machine).
+	NoSync bool
 }
 
 // Bolt is the embedded store: one bbolt file, one host.
@@ -52,7 +55,7 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.Timeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.Timeout, NoSync: o.NoSync})
 	if err != nil {
 		return nil, fmt.Errorf("open store %q: %w", path, err)
 	}

@@ -9,5 +9,9 @@
 //
 // Implementations: Bolt (embedded, one host) and, in internal/kubestore,
 // the Kubernetes store: pools and blocks in the API server, attachments in
-// a Bolt file opened with AttachmentsOnly.
+// a Bolt file opened with AttachmentsOnly. skeind puts either under a
+// Tiered store, which keeps the attachments no reboot can outlive (the
+// CNI front door's) in an unsynced second file: durable against a crash of
+// skeind, not of the machine, after which there is nothing for them to
+// describe (docs/architecture.md, "What is durable against what").
 package store

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -82,11 +81,8 @@ func TestDelEdgeCases(t *testing.T) {
 		ns := harness.NewNS(t, "pod")
 		p := e.mustAdd(t, l, ns, "lost-record")
 		e.d.Stop(t)
-		st, err := store.OpenBolt(filepath.Join(e.d.Dir, "state", "skein.db"), store.BoltOptions{})
-		if err != nil {
-			t.Fatalf("open skeind's store: %v", err)
-		}
-		err = st.DeleteAttachment(context.Background(), store.AttachmentKey{Network: "del", ContainerID: "lost-record", IfName: "eth0"})
+		st := e.d.OpenStore(t)
+		err := st.DeleteAttachment(context.Background(), store.AttachmentKey{Network: "del", ContainerID: "lost-record", IfName: "eth0"})
 		st.Close()
 		if err != nil {
 			t.Fatalf("delete record: %v", err)

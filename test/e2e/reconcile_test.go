@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -51,4 +52,52 @@ func TestMovedStoreRefused(t *testing.T) {
 		e.mustDel(t, l, p.rt)
 	}
 	e.assertNothingLeft(t)
+}
+
+// TestVolatileRecordsLost: the CNI records live in a file beside the
+// socket that is not synced (store.Tiered). If it vanishes while the
+// node runs (its directory cleared, or not mounted from the host), the
+// pods' tagged links look like leftovers of interrupted ADDs; skeind must
+// refuse to start rather than delete them, saying where the records were
+// and how to override, and the pods keep working. With --reconcile-force
+// it starts with no records and deletes those links.
+func TestVolatileRecordsLost(t *testing.T) {
+	e := newEnv(t, skeintest.Options{})
+	l := e.list(t, "lost", "1.1.0", nil)
+	a := e.mustAdd(t, l, harness.NewNS(t, "pod"), "a")
+	b := e.mustAdd(t, l, harness.NewNS(t, "pod"), "b")
+	e.d.Stop(t)
+	vol := e.d.VolatileStore()
+	if err := os.Remove(vol); err != nil {
+		t.Fatalf("the CNI records are not at %s: %v", vol, err)
+	}
+	args := []string{
+		"--node-netns", e.d.Node.Path(),
+		"--state-dir", filepath.Join(e.d.Dir, "state"),
+		"--socket", e.d.Socket,
+		"--metrics-addr", "off", "--docker-socket", "off", "--node", "test-node",
+	}
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(c, filepath.Join(e.d.BinDir, "skeind"), args...).CombinedOutput()
+	if c.Err() != nil {
+		t.Fatalf("skeind started without this boot's records instead of refusing; output:\n%s", out)
+	} else if err == nil || !strings.Contains(string(out), "--reconcile-force") || !strings.Contains(string(out), vol) {
+		t.Fatalf("skeind without its records: err %v, output:\n%s\nwant a refusal naming %s and --reconcile-force", err, out, vol)
+	}
+	if links := hostLinks(t, e.d.Node); len(links) != 2 {
+		t.Errorf("after the refusal the node has host links %v, want the two pods'", links)
+	}
+	mustReach(t, a.ns, "pod b after skeind refused to start without its records", b.addrs...)
+
+	c2, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel2()
+	forced := exec.CommandContext(c2, filepath.Join(e.d.BinDir, "skeind"), append(args, "--reconcile-force")...)
+	out, _ = forced.CombinedOutput()
+	if c2.Err() == nil {
+		t.Fatalf("skeind --reconcile-force exited instead of serving; output:\n%s", out)
+	}
+	if links := hostLinks(t, e.d.Node); len(links) != 0 {
+		t.Errorf("--reconcile-force left host links %v", links)
+	}
 }

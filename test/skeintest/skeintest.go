@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -286,6 +287,35 @@ func (d *Daemon) Signal(t testing.TB, sig syscall.Signal) {
 	if err := d.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("signal skeind: %v", err)
 	}
+}
+
+// OpenStore opens skeind's stores as skeind does (the durable file under
+// its state directory, the CNI records' volatile file beside its socket);
+// skeind must be stopped. The caller closes it.
+func (d *Daemon) OpenStore(t testing.TB) store.Store {
+	t.Helper()
+	durable, err := store.OpenBolt(filepath.Join(d.Dir, "state", "skein.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatalf("open skeind's store: %v", err)
+	}
+	// As daemon.Config.OpenTiered opens it (this package cannot import
+	// the daemon: kurma's tests use both).
+	st, err := store.OpenTiered(context.Background(), durable, store.TieredOptions{
+		Path:       d.VolatileStore(),
+		Volatile:   func(a store.Attachment) bool { return a.Owner == "cni" },
+		CheckPools: true,
+	})
+	if err != nil {
+		durable.Close()
+		t.Fatalf("open skeind's volatile store: %v", err)
+	}
+	return st
+}
+
+// VolatileStore is where skeind keeps its CNI records: beside its socket
+// (daemon.Config.VolatileStorePath).
+func (d *Daemon) VolatileStore() string {
+	return strings.TrimSuffix(d.Socket, ".sock") + "-attachments.db"
 }
 
 // Log returns what skeind has logged since its last start.
