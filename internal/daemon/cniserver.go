@@ -114,7 +114,7 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 	if err != nil {
 		return nil, attachError(err, conf)
 	}
-	res, err := cni.BuildResult(conf, cni.Attached{
+	out, err := cni.EncodeResult(conf, cni.Attached{
 		HostName:     a.HostLink,
 		HostMAC:      ap.HostMAC.String(),
 		IfName:       req.Ifname,
@@ -124,10 +124,6 @@ func (s *cniServer) add(ctx context.Context, req *rpc.CNIRequest) ([]byte, error
 		GatewayV4:    s.d.dpConfig.GatewayV4,
 		GatewayV6:    ap.GatewayV6,
 	})
-	var out []byte
-	if err == nil {
-		out, err = cni.Encode(res, conf.CNIVersion)
-	}
 	// The pod's own set-up (egress) once its interface is in place.
 	if err == nil {
 		err = s.podAdded(ctx, req)

@@ -44,6 +44,12 @@ type metaConf struct {
 // the pod's annotations. A podNetworks key that is not a boolean is an
 // invalid configuration (code 7).
 func readMeta(netconf []byte) (metaConf, bool, error) {
+	// Most configurations name no pod networks: skip decoding them whole
+	// (a key can only hide from this as an escape, which is looked for).
+	if !bytes.Contains(netconf, []byte("podNetworks")) && !bytes.Contains(netconf, []byte("pod_networks")) &&
+		!bytes.Contains(netconf, []byte(`\u`)) {
+		return metaConf{}, false, nil
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(netconf, &top); err != nil {
 		return metaConf{}, false, nil // cni.Parse reports it

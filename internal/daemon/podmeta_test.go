@@ -28,6 +28,8 @@ func TestReadMeta(t *testing.T) {
 			true, map[string]string{"skein.dev/networks": "a,b", "x": "y"}, 0},
 		{"bad annotations", `{"podNetworks":true,"runtimeConfig":{"io.kubernetes.cri.pod-annotations":[1]}}`, false, nil, types.ErrDecodingFailure},
 		{"not json: left to cni.Parse", `{`, false, nil, 0},
+		{"an escaped key is still the key", `{"type":"skein","pod\u004eetworks":true}`, true, nil, 0},
+		{"the word elsewhere", `{"type":"skein","note":"podNetworks are off"}`, false, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, on, err := readMeta([]byte(tc.conf))
