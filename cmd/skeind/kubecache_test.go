@@ -202,7 +202,8 @@ func TestKubeWatches(t *testing.T) {
 	// Now: skeind's wiring.
 	var now watches
 	kf := kubeFlags{store: "kubernetes", kubeconfig: kc, egress: true, wrap: now.wrap}
-	cfg := daemon.Config{Node: "n1", StateDir: t.TempDir()}
+	dir := t.TempDir()
+	cfg := daemon.Config{Node: "n1", StateDir: dir, Socket: filepath.Join(dir, "skeind.sock")} // the CNI records' file goes beside the socket
 	cfg.Dataplane.NodeNetNS = harness.NewNS(t, "kw").Path()
 	kn, err := kf.openKube(ctx, &cfg, routing.ModeExport, log)
 	if err != nil {
@@ -281,7 +282,8 @@ func TestKubeCacheRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	kf := kubeFlags{store: "kubernetes", kubeconfig: kc, egress: true, syncTimeout: 3 * time.Second}
-	cfg := daemon.Config{Node: "n1", StateDir: t.TempDir()}
+	dir := t.TempDir()
+	cfg := daemon.Config{Node: "n1", StateDir: dir, Socket: filepath.Join(dir, "skeind.sock")} // the CNI records' file goes beside the socket
 	cfg.Dataplane.NodeNetNS = harness.NewNS(t, "kw").Path()
 	kn, err := kf.openKube(ctx, &cfg, routing.ModeExport, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err == nil {

@@ -137,7 +137,15 @@ func call(sock string, req []byte) ([]byte, error) {
 	tv := syscall.NsecToTimeval(int64(CallTimeout + callGrace))
 	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
 	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
-	if err := retry(func() error { return syscall.Connect(fd, &syscall.SockaddrUnix{Name: sock}) }); err != nil {
+	interrupted := false
+	if err := retry(func() error {
+		err := syscall.Connect(fd, &syscall.SockaddrUnix{Name: sock})
+		if err == syscall.EISCONN && interrupted {
+			return nil // the interrupted connect went on and completed
+		}
+		interrupted = err == syscall.EINTR
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	for len(req) > 0 {
