@@ -19,25 +19,19 @@ import (
 	"github.com/skeinnet/skein/internal/cniwire"
 )
 
-// methodOf is one of m's methods by its gRPC name; nil when m is nil or
-// has no such method.
-func methodOf(m rpc.CNIMethods, name string) func(context.Context, *rpc.CNIRequest) (*rpc.CNIReply, error) {
-	if m == nil {
-		return nil
-	}
-	switch name {
-	case "Add":
+// methodOf is m's method for a CNI verb (the verbs dispatch calls).
+func methodOf(m rpc.CNIMethods, verb string) func(context.Context, *rpc.CNIRequest) (*rpc.CNIReply, error) {
+	switch verb {
+	case "ADD":
 		return m.Add
-	case "Del":
+	case "DEL":
 		return m.Del
-	case "Check":
+	case "CHECK":
 		return m.Check
-	case "Status":
+	case "STATUS":
 		return m.Status
-	case "GC":
-		return m.GC
 	}
-	return nil
+	return m.GC
 }
 
 // callStatus is a method's error as a gRPC client would see it: the call's
@@ -53,9 +47,6 @@ func callStatus(ctx context.Context, err error) *status.Status {
 // hints say why skeind may lack a service.
 var hints = map[string]string{"skein.v1.VM": "skeind does not serve VMs (started with --vm-socket=off?)"}
 
-// verbs maps CNI verbs onto the services' methods.
-var verbs = map[string]string{"ADD": "Add", "DEL": "Del", "CHECK": "Check", "GC": "GC", "STATUS": "Status"}
-
 // RunHandler runs the CNI binaries' execs (package cnirun) against
 // services, calling the methods in-process.
 func RunHandler(services map[string]rpc.CNIMethods) cniwire.RunHandler {
@@ -70,7 +61,7 @@ func RunHandler(services map[string]rpc.CNIMethods) cniwire.RunHandler {
 				}
 				return nil, cniplugin.CallFailed(verb, int(codes.Unimplemented), msg, timeout)
 			}
-			rep, err := methodOf(m, verbs[verb])(ctx, &rpc.CNIRequest{
+			rep, err := methodOf(m, verb)(ctx, &rpc.CNIRequest{
 				ContainerId: a.ContainerID, Netns: a.Netns, Ifname: a.IfName, Args: a.Args, Path: a.Path, Netconf: a.StdinData,
 			})
 			if err != nil {
