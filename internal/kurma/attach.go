@@ -224,7 +224,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 		first = make(chan error, 1)
 		go func() { first <- m.addOne(firstCtx, &rec, base, states[i], intent.wait) }()
 	}
-	err = m.putRecord(ctx, rec)
+	err = m.putRecord(ctx, &rec)
 	intent.open(err)
 	if err != nil {
 		if first != nil {
@@ -277,7 +277,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 			}
 		}
 		compact(&rec)
-		err := m.putRecord(bg, rec)
+		err := m.putCompletion(bg, &rec)
 		if err == nil {
 			res.Attached, res.Pod = attached, rec
 			return res, nil
@@ -290,7 +290,7 @@ func (m *Manager) Attach(ctx context.Context, req AttachRequest) (res AttachResu
 		}
 	}
 	compact(&rec)
-	if err := m.putRecord(bg, rec); err != nil {
+	if err := m.putRecord(bg, &rec); err != nil {
 		m.log.Error("record the rollback of pod networks; Recover or a detach finishes it", "pod", req.ID, "err", err)
 	}
 	return AttachResult{}, failure

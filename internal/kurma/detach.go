@@ -24,7 +24,7 @@ func (m *Manager) detachOne(ctx context.Context, rec *PodRecord, a AttachmentRec
 		}
 		break
 	}
-	if err := m.putRecord(ctx, *rec); err != nil {
+	if err := m.putRecord(ctx, rec); err != nil {
 		return errors.Join(delErr, err)
 	}
 	return delErr
@@ -191,7 +191,7 @@ func (m *Manager) detach(ctx context.Context, key string, still func(PodRecord) 
 	// whose del failed. A crash before it leaves the record as it was, and
 	// the next detach dels again (a del of what is gone succeeds).
 	compact(&rec)
-	if err := m.putRecord(bg, rec); err != nil {
+	if err := m.putRecord(bg, &rec); err != nil {
 		errs = append(errs, err)
 	}
 	if m.prunable(gone) {

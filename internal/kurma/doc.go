@@ -40,7 +40,8 @@
 // # Records
 //
 // Every attachment is recorded in skeind's store (Meta bucket MetaKind)
-// before its add runs, and completed with the result after. A pod has one
+// before its add runs (durably), and completed with the result after (in
+// the store's volatile tier when it has one: see putCompletion). A pod has one
 // PodRecord under its ID, or several under keys of the caller's
 // (AttachRequest.Key: the CNI meta mode keeps one per CNI attachment),
 // each detached on its own. A del always runs from the record: the same config bytes and image

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/kurma"
 	"github.com/skeinnet/skein/internal/kurma/sandbox"
+	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -256,6 +258,11 @@ func (w *world) assertNothingLeft(id string, ns *harness.NS) {
 	if _, err := w.pods.Status(context.Background(), id); !errors.Is(err, kurma.ErrUnknownPod) {
 		w.t.Errorf("pod %s: status error %v, want no record", id, err)
 	}
+	for _, k := range volatileKeys(w.t, w) {
+		if pod, _, _ := strings.Cut(k, "/"); pod == id {
+			w.t.Errorf("pod %s: a completion of its record is left under %s", id, k)
+		}
+	}
 	if ns != nil {
 		if l := links(w.t, ns); len(l) > 0 {
 			w.t.Errorf("pod %s: interfaces %v left in its namespace", id, l)
@@ -270,6 +277,21 @@ func (w *world) assertNothingLeft(id string, ns *harness.NS) {
 			w.t.Errorf("pod %s: skein attachment %s left, holding %v", id, a.AttachmentKey, a.Addrs)
 		}
 	}
+}
+
+// volatileKeys are the keys of the pod records' completions in the
+// daemon's volatile file (none when its store has no volatile tier).
+func volatileKeys(t testing.TB, w *world) []string {
+	t.Helper()
+	v, ok := w.d.Store().(interface{ Volatile() store.Store })
+	if !ok {
+		return nil // every record is in the synced file
+	}
+	all, err := v.Volatile().ListMeta(context.Background(), kurma.MetaKind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Sorted(maps.Keys(all))
 }
 
 func sel(specs ...string) []kurma.Selection {

@@ -82,6 +82,7 @@ type Options struct {
 // order they arrive; pods proceed in parallel.
 type Manager struct {
 	st       store.Store
+	vol      store.Store // the store's volatile tier, if it has one (putCompletion)
 	images   *image.Cache
 	sbOpts   sandbox.Options
 	parallel int
@@ -139,6 +140,9 @@ func NewManager(o Options) (*Manager, error) {
 		st: o.Store, images: o.Images, sb: o.Sandbox, sbOpts: o.SandboxOptions, parallel: o.MaxParallel,
 		state: o.StateDir, pools: o.Pools, log: o.Logger, links: o.LinkNames, checkNS: o.CheckNetNS, active: map[string]*netState{},
 		starting: map[string]chan struct{}{},
+	}
+	if t, ok := o.Store.(interface{ Volatile() store.Store }); ok {
+		m.vol = t.Volatile()
 	}
 	return m, nil
 }

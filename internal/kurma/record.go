@@ -2,6 +2,7 @@ package kurma
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +42,12 @@ type PodRecord struct {
 	Owner       string             `json:"owner,omitempty"` // AttachRequest.Owner of the first attach
 	Attachments []AttachmentRecord `json:"attachments"`
 	Created     time.Time          `json:"created"`
+	// Seal names the durable write of the record: new at each write when
+	// the store has a volatile tier (putRecord).
+	Seal string `json:"seal,omitempty"`
+	// Over is, in a completion (putCompletion), the Seal of the durable
+	// record it completes; it counts only while that record is unchanged.
+	Over string `json:"over,omitempty"`
 }
 
 // AttachmentRecord is one network of a pod: everything a del needs, even
@@ -78,9 +85,38 @@ func (r *PodRecord) StoreKey() string {
 // Builtin reports whether skeind itself served the attachment.
 func (a *AttachmentRecord) Builtin() bool { return a.Digest == "" }
 
-// getRecord reads the record stored under key.
+// Records are durable (the store's synced file), except for the
+// completion of an add: the record with the add's result, written once the
+// plugin succeeded, goes to the store's volatile tier when it has one
+// (store.Tiered), which survives skeind, not the machine, and costs no
+// sync. It names the Seal of the durable record it completes (the
+// intent), and the two merge as long as that record is unchanged; every
+// durable write gets a new Seal, so an older completion never overrides a
+// newer durable write. After a crash of skeind the completion is still
+// there; after a reboot only the intent is, and Recover then deletes an
+// add whose pod went with the machine. The next durable write of the
+// record (another network, a detach) carries the completed add with it.
+
+// getRecord reads the record stored under key: the durable record, or its
+// completion.
 func (m *Manager) getRecord(ctx context.Context, key string) (PodRecord, bool, error) {
-	b, err := m.st.GetMeta(ctx, MetaKind, key)
+	r, found, err := readRecord(ctx, m.st, key)
+	if err != nil || !found || m.vol == nil || r.Seal == "" {
+		return r, found, err
+	}
+	c, has, err := readRecord(ctx, m.vol, key)
+	if err != nil {
+		return PodRecord{}, false, fmt.Errorf("completion of %w", err)
+	}
+	if has && c.Over == r.Seal {
+		c.Seal, c.Over = r.Seal, ""
+		return c, true, nil
+	}
+	return r, true, nil
+}
+
+func readRecord(ctx context.Context, st store.Store, key string) (PodRecord, bool, error) {
+	b, err := st.GetMeta(ctx, MetaKind, key)
 	if errors.Is(err, store.ErrNotFound) {
 		return PodRecord{}, false, nil
 	}
@@ -94,10 +130,15 @@ func (m *Manager) getRecord(ctx context.Context, key string) (PodRecord, bool, e
 	return r, true, nil
 }
 
-// putRecord writes r, or deletes it when it has no attachments left.
-func (m *Manager) putRecord(ctx context.Context, r PodRecord) error {
+// putRecord writes r durably, or deletes it when it has no attachments
+// left, with a new Seal (set in r), and drops its completion.
+func (m *Manager) putRecord(ctx context.Context, r *PodRecord) error {
 	var b []byte
+	r.Over = ""
 	if len(r.Attachments) > 0 {
+		if m.vol != nil {
+			r.Seal = rand.Text()
+		}
 		var err error
 		if b, err = json.Marshal(r); err != nil {
 			return fmt.Errorf("encode pod record %s: %w", r.StoreKey(), err)
@@ -106,13 +147,48 @@ func (m *Manager) putRecord(ctx context.Context, r PodRecord) error {
 	if err := m.st.PutMeta(ctx, MetaKind, r.StoreKey(), b); err != nil {
 		return fmt.Errorf("write pod record %s: %w", r.StoreKey(), err)
 	}
+	if m.vol != nil {
+		// A completion left behind (a crash before this) no longer
+		// counts: its Over is not the new Seal.
+		if _, err := m.vol.GetMeta(ctx, MetaKind, r.StoreKey()); err == nil {
+			if err := m.vol.PutMeta(ctx, MetaKind, r.StoreKey(), nil); err != nil {
+				m.log.Warn("drop a pod record's completion", "key", r.StoreKey(), "err", err)
+			}
+		}
+	}
 	return nil
 }
 
+// putCompletion writes r, the completion of the durable record sealed
+// r.Seal, to the volatile tier (durably when there is none).
+func (m *Manager) putCompletion(ctx context.Context, r *PodRecord) error {
+	if m.vol == nil || r.Seal == "" || len(r.Attachments) == 0 {
+		return m.putRecord(ctx, r)
+	}
+	c := *r
+	c.Seal, c.Over = "", r.Seal
+	b, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encode pod record %s: %w", r.StoreKey(), err)
+	}
+	if err := m.vol.PutMeta(ctx, MetaKind, r.StoreKey(), b); err != nil {
+		return fmt.Errorf("write pod record %s: %w", r.StoreKey(), err)
+	}
+	return nil
+}
+
+// listRecords returns every record, each merged with its completion.
+// Undecodable records are logged and skipped.
 func (m *Manager) listRecords(ctx context.Context) ([]PodRecord, error) {
 	all, err := m.st.ListMeta(ctx, MetaKind)
 	if err != nil {
 		return nil, fmt.Errorf("list pod records: %w", err)
+	}
+	var done map[string][]byte
+	if m.vol != nil {
+		if done, err = m.vol.ListMeta(ctx, MetaKind); err != nil {
+			return nil, fmt.Errorf("list pod records' completions: %w", err)
+		}
 	}
 	out := make([]PodRecord, 0, len(all))
 	for key, b := range all {
@@ -121,9 +197,42 @@ func (m *Manager) listRecords(ctx context.Context) ([]PodRecord, error) {
 			m.log.Error("undecodable pod record skipped", "key", key, "err", err)
 			continue
 		}
+		var c PodRecord
+		if cb, ok := done[key]; ok && r.Seal != "" && json.Unmarshal(cb, &c) == nil && c.Over == r.Seal {
+			c.Seal, c.Over = r.Seal, ""
+			r = c
+		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// sweepCompletions deletes the completions whose durable record changed
+// or went (a crash between the two writes of putRecord, or a record
+// removed by hand).
+func (m *Manager) sweepCompletions(ctx context.Context) error {
+	if m.vol == nil {
+		return nil
+	}
+	done, err := m.vol.ListMeta(ctx, MetaKind)
+	if err != nil {
+		return err
+	}
+	for key, cb := range done {
+		var c PodRecord
+		b, err := m.st.GetMeta(ctx, MetaKind, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		var r PodRecord
+		if err == nil && json.Unmarshal(b, &r) == nil && json.Unmarshal(cb, &c) == nil && r.Seal != "" && c.Over == r.Seal {
+			continue
+		}
+		if err := m.vol.PutMeta(ctx, MetaKind, key, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // maxKeyTail bounds what a record key may add to the pod's ID.

@@ -90,6 +90,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := m.sweepCompletions(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("sweep pod records' completions: %w", err))
+	}
 	m.prune(ctx)
 	return errors.Join(errs...)
 }

@@ -247,6 +247,10 @@ func (t *Tiered) DeletePool(ctx context.Context, name string, check func([]Attac
 	})
 }
 
+// Volatile is the unsynced file, for other records that need only
+// survive skeind, not the machine (package kurma's completed adds).
+func (t *Tiered) Volatile() Store { return t.vol }
+
 func (t *Tiered) Describe() string {
 	return t.Store.Describe() + ", volatile attachments " + t.vol.Describe()
 }

@@ -2,6 +2,7 @@ package kurma
 
 import (
 	"encoding/json"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -373,7 +374,8 @@ func TestMetaOldRecord(t *testing.T) {
 
 // rewriteOld rewrites the pod records of these containers as skeind wrote
 // them before records were keyed per attachment: under the container ID,
-// without "key". skeind must be stopped.
+// without "key", whole in the synced file (the outcome merged in, without
+// seals). skeind must be stopped.
 func rewriteOld(t *testing.T, d *skeintest.Daemon, ids ...string) {
 	t.Helper()
 	st, err := store.OpenBolt(filepath.Join(d.Dir, "state", "skein.db"), store.BoltOptions{})
@@ -381,7 +383,16 @@ func rewriteOld(t *testing.T, d *skeintest.Daemon, ids ...string) {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	vol, err := store.OpenBolt(d.VolatileStore(), store.BoltOptions{AttachmentsOnly: true, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
 	all, err := st.ListMeta(ctx(t), "kurma-pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := vol.ListMeta(ctx(t), "kurma-pods")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,12 +410,24 @@ func rewriteOld(t *testing.T, d *skeintest.Daemon, ids ...string) {
 			t.Fatalf("two records of %s before the rewrite", id)
 		}
 		found[id] = true
+		var c map[string]any
+		if cb, ok := done[key]; ok {
+			if err := json.Unmarshal(cb, &c); err != nil {
+				t.Fatalf("completion of %s: %v", key, err)
+			}
+			if c["over"] != r["seal"] {
+				t.Fatalf("completion of %s over %v, the record's seal is %v", key, c["over"], r["seal"])
+			}
+			r = c
+		}
 		delete(r, "key")
+		delete(r, "seal")
+		delete(r, "over")
 		old, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := st.PutMeta(ctx(t), "kurma-pods", key, nil); err != nil {
+		if err := errors.Join(st.PutMeta(ctx(t), "kurma-pods", key, nil), vol.PutMeta(ctx(t), "kurma-pods", key, nil)); err != nil {
 			t.Fatal(err)
 		}
 		if err := st.PutMeta(ctx(t), "kurma-pods", id, old); err != nil {
