@@ -14,6 +14,9 @@ type Config struct {
 	// Ops is the number of ADD+DEL pairs per contender, level and
 	// concurrency (each on a fresh pod namespace).
 	Ops int `json:"ops"`
+	// HeadOps is the number of ADD+DEL pairs per contender and
+	// concurrency of the head-to-head phase (0: no such phase).
+	HeadOps int `json:"head_to_head_ops"`
 	// Warmup pairs run (unrecorded) before a contender's first level.
 	Warmup int `json:"warmup"`
 	// Dual gives every contender IPv6 too (default IPv4 only: the
@@ -39,12 +42,12 @@ type Config struct {
 
 // Full is `make bench`.
 func Full() Config {
-	return Config{Mode: "full", Levels: []int{10, 1000, 5000}, DualLevels: []int{10, 5000}, Concurrency: []int{1, 8, 32}, Ops: 160, Warmup: 8,
+	return Config{Mode: "full", Levels: []int{10, 1000, 5000}, DualLevels: []int{10, 5000}, Concurrency: []int{1, 8, 32}, Ops: 160, HeadOps: 400, Warmup: 8,
 		IperfSeconds: 5, IperfRounds: 3, RRCount: 20000, RestartTrials: 3}
 }
 
 // Quick is `make bench-quick`: fewer operations, no 5,000 level.
 func Quick() Config {
-	return Config{Mode: "quick", Levels: []int{10, 1000}, DualLevels: []int{10, 1000}, Concurrency: []int{1, 8, 32}, Ops: 40, Warmup: 4,
+	return Config{Mode: "quick", Levels: []int{10, 1000}, DualLevels: []int{10, 1000}, Concurrency: []int{1, 8, 32}, Ops: 40, HeadOps: 160, Warmup: 4,
 		IperfSeconds: 2, IperfRounds: 1, RRCount: 5000, RestartTrials: 1}
 }

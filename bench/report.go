@@ -265,11 +265,38 @@ func (r *Report) markdown(w io.Writer, charts []string) {
 // exec floor's (running a Go plugin through libcni) and the floor's (the
 // kernel work), both measured in the same run.
 func (r *Report) ownShare(w io.Writer) {
+	if len(r.HeadToHead) > 0 {
+		fmt.Fprintf(w, "## skein's own share of an ADD, head to head\n\nADD p50 in ms at %d attachments: skein, the exec "+
+			"floor (exec'ing a Go plugin through libcni), the floor (the kernel work), and what is left: skein − exec floor − "+
+			"floor. Each on a node of its own, started together, taking turns: every cell is cut into %d rounds in which each "+
+			"contender runs its share of the %d ADD+DEL pairs, so that the machine's drift falls on all of them alike "+
+			"(the matrix below measures each contender in its own stretch of the run). The dual-stack row: skein and the "+
+			"floor with an IPv6 address too, against the same exec floor. The last two columns: the machine's busy time "+
+			"(all CPUs, whoever spent it) per ADD+DEL pair while the contender ran, in ms.\n\n"+
+			"| c | skein | exec floor | floor | exec floor + floor | skein's own | machine per pair: skein | exec floor + floor |\n"+
+			"|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+			r.HeadToHead[0].Attachments, headRounds, r.Config.HeadOps)
+		for _, c := range r.Config.Concurrency {
+			for _, names := range [][2]string{{cSkein, cFloor}, {cSkeinDual, cFloorDual}} {
+				s, e, f := r.head(names[0], c), r.head(cExecFloor, c), r.head(names[1], c)
+				if s == nil || e == nil || f == nil {
+					continue
+				}
+				label := fmt.Sprint(c)
+				if names[0] == cSkeinDual {
+					label += ", dual stack"
+				}
+				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, ms(s.Add.P50), ms(e.Add.P50), ms(f.Add.P50),
+					ms(e.Add.P50+f.Add.P50), signed(s.Add.P50-e.Add.P50-f.Add.P50), ms(s.BusyPerPair), ms(e.BusyPerPair+f.BusyPerPair))
+			}
+		}
+		fmt.Fprintln(w)
+	}
 	if !slices.Contains(r.contenders(), cSkein) || !slices.Contains(r.contenders(), cExecFloor) {
 		return
 	}
-	fmt.Fprintf(w, "## skein's own share of an ADD\n\nADD p50 in ms: skein, the exec floor (exec'ing a Go plugin "+
-		"through libcni), the floor (the kernel work), and what is left: skein − exec floor − floor.\n\n"+
+	fmt.Fprintf(w, "## skein's own share of an ADD in the matrix\n\nADD p50 in ms: skein, the exec floor, the floor, "+
+		"and what is left: skein − exec floor − floor, each contender measured in its own stretch of the run.\n\n"+
 		"| attachments | c | skein | exec floor | floor | exec floor + floor | skein's own |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range r.levels() {
 		for _, c := range r.Config.Concurrency {
@@ -282,6 +309,16 @@ func (r *Report) ownShare(w io.Writer) {
 		}
 	}
 	fmt.Fprintln(w)
+}
+
+// head is name's head-to-head row at concurrency c (nil: none).
+func (r *Report) head(name string, c int) *LatencyRow {
+	for i := range r.HeadToHead {
+		if h := &r.HeadToHead[i]; h.Contender == name && h.Concurrency == c && h.NA == "" {
+			return h
+		}
+	}
+	return nil
 }
 
 // dualStack is the table of the dual-stack rows.
@@ -382,14 +419,25 @@ func (r *Report) targets(w io.Writer) {
 			fmt.Fprintf(w, "| ADD p50 within ~2 ms of the floor (DESIGN; %d attachments, c=1) | %s vs %s ms (%s ms) | %s |\n",
 				low, ms(s.Add.P50), ms(f.Add.P50), signed(s.Add.P50-f.Add.P50), verdict(s.Add.P50-f.Add.P50 <= 2))
 		}
-		if e := r.row(cExecFloor, low, c); s != nil && f != nil && e != nil {
-			own := s.Add.P50 - e.Add.P50 - f.Add.P50
+		// skein's own share, head to head when the run measured it so.
+		for _, names := range [][2]string{{cSkein, cFloor}, {cSkeinDual, cFloorDual}} {
+			hs, he, hf, how := r.row(names[0], low, c), r.row(cExecFloor, low, c), r.row(names[1], low, c), "in the matrix"
+			if len(r.HeadToHead) > 0 {
+				hs, he, hf, how = r.head(names[0], c), r.head(cExecFloor, c), r.head(names[1], c), "head to head"
+			}
+			if hs == nil || he == nil || hf == nil {
+				continue
+			}
+			own, stack := hs.Add.P50-he.Add.P50-hf.Add.P50, ""
+			if names[0] == cSkeinDual {
+				stack = ", dual stack"
+			}
 			if c == 1 {
-				fmt.Fprintf(w, "| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; %d attachments, c=1) | %s − %s − %s = %s ms | %s |\n",
-					low, ms(s.Add.P50), ms(e.Add.P50), ms(f.Add.P50), signed(own), verdict(own <= 1))
+				fmt.Fprintf(w, "| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; %d attachments, c=1%s, %s) | %s − %s − %s = %s ms | %s |\n",
+					low, stack, how, ms(hs.Add.P50), ms(he.Add.P50), ms(hf.Add.P50), signed(own), verdict(own <= 1))
 			} else {
-				fmt.Fprintf(w, "| ADD p50 ≤ exec floor + floor (%d attachments, c=%d) | %s vs %s + %s = %s ms | %s |\n",
-					low, c, ms(s.Add.P50), ms(e.Add.P50), ms(f.Add.P50), ms(e.Add.P50+f.Add.P50), verdict(own <= 0))
+				fmt.Fprintf(w, "| ADD p50 ≤ exec floor + floor (%d attachments, c=%d%s, %s) | %s vs %s + %s = %s ms | %s |\n",
+					low, c, stack, how, ms(hs.Add.P50), ms(he.Add.P50), ms(hf.Add.P50), ms(he.Add.P50+hf.Add.P50), verdict(own <= 0))
 			}
 		}
 		if st := r.row(cSkein, top, c); s != nil && st != nil && top != low {

@@ -67,3 +67,50 @@ func TestReportWrite(t *testing.T) {
 		t.Errorf("results.json does not round-trip: %v", err)
 	}
 }
+
+// TestReportHeadToHead: with a head-to-head phase, its table is written
+// and the own-share targets are read from it, not from the matrix (where
+// skein here would miss them), the dual-stack row against the same exec
+// floor.
+func TestReportHeadToHead(t *testing.T) {
+	cfg := Quick()
+	rep := &Report{Config: cfg, order: []string{cFloor, cExecFloor, cSkein}}
+	add := func(rows *[]LatencyRow, name string, c int, p50 float64) {
+		*rows = append(*rows, LatencyRow{Contender: name, Attachments: 10, Concurrency: c, Add: Dist{P50: p50, P90: 2 * p50, P99: 3 * p50}, Del: Dist{P50: p50, P90: 2 * p50, P99: 3 * p50}, PerSecond: 10, BusyPerPair: 2 * p50})
+	}
+	for _, c := range cfg.Concurrency {
+		add(&rep.Latency, cFloor, c, 1)
+		add(&rep.Latency, cExecFloor, c, 2)
+		add(&rep.Latency, cSkein, c, 5)
+		add(&rep.HeadToHead, cFloor, c, 1.2)
+		add(&rep.HeadToHead, cExecFloor, c, 2.5)
+		add(&rep.HeadToHead, cSkein, c, 4.5)
+	}
+	add(&rep.HeadToHead, cFloorDual, 1, 1.5)
+	add(&rep.HeadToHead, cSkeinDual, 1, 5.5)
+	dir := t.TempDir()
+	if err := rep.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"## skein's own share of an ADD, head to head",
+		"| 1 | 4.50 | 2.50 | 1.20 | 3.70 | +0.80 | 9.00 | 7.40 |",
+		"| 1, dual stack | 5.50 | 2.50 | 1.50 | 4.00 | +1.50 | 11.0 | 8.00 |",
+		"| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; 10 attachments, c=1, head to head) | 4.50 − 2.50 − 1.20 = +0.80 ms | met |",
+		"| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; 10 attachments, c=1, dual stack, head to head) | 5.50 − 2.50 − 1.50 = +1.50 ms | **missed** |",
+		"| ADD p50 ≤ exec floor + floor (10 attachments, c=8, head to head) | 4.50 vs 2.50 + 1.20 = 3.70 ms | **missed** |",
+		"## skein's own share of an ADD in the matrix",
+		"| 10 | 1 | 5.00 | 2.00 | 1.00 | 3.00 | +2.00 |",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(string(md), "c=1, in the matrix)") {
+		t.Errorf("a target read from the matrix although the run measured head to head:\n%s", md)
+	}
+}

@@ -9,6 +9,9 @@ type Report struct {
 	Started time.Time    `json:"started"`
 	Seconds float64      `json:"seconds"`
 	Latency []LatencyRow `json:"latency"`
+	// HeadToHead: skein, the exec floor and the floor (and the dual-stack
+	// pair at c=1) at the first level, taking turns (measureHeadToHead).
+	HeadToHead []LatencyRow `json:"head_to_head,omitempty"`
 	// DualStack: skein and the floor with dual-stack pools at
 	// Config.DualLevels, c=1.
 	DualStack []LatencyRow `json:"dual_stack,omitempty"`
@@ -42,6 +45,10 @@ type LatencyRow struct {
 	Wall        float64 `json:"wall_seconds"`
 	// PerSecond is the churn throughput: ADD+DEL pairs completed per second.
 	PerSecond float64 `json:"attachments_per_second"`
+	// BusyPerPair is the machine's busy time (every CPU, /proc/stat) per
+	// ADD+DEL pair while the cell ran, ms: what a pair costs the machine,
+	// whoever spends it (plugin, daemon, kernel threads, the benchmark).
+	BusyPerPair float64 `json:"machine_busy_ms_per_pair,omitempty"`
 	Failed    int     `json:"failed"`
 	// NA says why the cell could not be measured (empty: it was).
 	NA       string `json:"not_applicable,omitempty"`

@@ -15,13 +15,15 @@ import (
 	"github.com/skeinnet/skein/test/harness"
 )
 
-// Run measures every contender in turn on a fresh node of its own, then
-// the data path and skeind's restart, and returns the report. Everything
+// Run measures skein's own share head to head (measureHeadToHead), then
+// every contender in turn on a fresh node of its own, then the data path
+// and skeind's restart, and returns the report. Everything
 // it creates — namespaces, daemons, files — is removed before it returns,
 // also when ctx is cancelled or a step fails (the failure is recorded in
 // Report.Errors and the other steps still run).
 func Run(ctx context.Context, cfg Config, prog *progress) *Report {
 	rep := &Report{Config: cfg, Started: time.Now().UTC(), Machine: machine()}
+	rep.HeadToHead, rep.Errors = measureHeadToHead(ctx, cfg, prog)
 	baseNetNS := netnsObjects()
 	measure := func(c contender, cfg Config, rep *Report) {
 		sc := newScope(c.Name(), cfg.Verbose)
@@ -122,28 +124,16 @@ func units(cfg Config) float64 {
 	}
 	matrix(len(contenders(cfg)), cfg.Levels, len(cfg.Concurrency))
 	matrix(len(dualContenders(cfg)), cfg.DualLevels, 1)
+	u += headUnits(cfg)
 	u += float64(cfg.RestartTrials) * 20
 	u += float64(2*cfg.IperfRounds*cfg.IperfSeconds)*10 + 20
 	return u
 }
 
 func measureContender(ctx context.Context, sc *scope, c contender, cfg Config, rep *Report, prog *progress) {
-	prog.setPhase("%s: starting its node", c.Name())
-	c.start(sc)
+	prepare(ctx, sc, c, cfg, 0, prog)
 	name := c.Name()
 	short := strings.SplitN(name, "+", 2)[0]
-
-	// Warm up: page cache, first-exec costs, lazily created kernel state.
-	if cfg.Warmup > 0 {
-		prog.setPhase("%s: warm-up", name)
-		pods := newPods(sc, cfg.Warmup)
-		row := churn(ctx, c, short+"-warm", pods, 1, prog)
-		if row.Failed > 0 {
-			sc.Fatalf("warm-up: %d of %d ADD+DEL failed, first: %s", row.Failed, cfg.Warmup, row.FirstErr)
-		}
-		removePods(pods)
-	}
-
 	limit, why := 1<<30, ""
 	if l, ok := c.(limited); ok {
 		limit, why = l.maxAttachments()
@@ -159,22 +149,10 @@ func measureContender(ctx context.Context, sc *scope, c contender, cfg Config, r
 			}
 			continue
 		}
-		if n := level - loaded; n > 0 {
+		if level > loaded {
 			prog.setPhase("%s: filling the node to %d attachments", name, level)
 			start := time.Now()
-			pods := newPods(sc, n)
-			ids := make([]string, n)
-			for i := range ids {
-				ids[i] = fmt.Sprintf("%s-pre-%d", short, loaded+i)
-			}
-			var err error
-			if p, ok := c.(preloader); ok {
-				err = p.preload(ids, pods)
-			} else {
-				err = parallel(8, n, func(i int) error { return c.add(ids[i], pods[i]) })
-			}
-			prog.add(float64(n) / 2)
-			if err != nil {
+			if err := fill(c, sc, short+"-pre", loaded, level, prog); err != nil {
 				sc.Fatalf("fill the node to %d attachments: %v", level, err)
 			}
 			rep.Preload = append(rep.Preload, PreloadRow{Contender: name, Attachments: level, Seconds: time.Since(start).Seconds()})
@@ -196,7 +174,8 @@ func measureContender(ctx context.Context, sc *scope, c contender, cfg Config, r
 			}
 			prog.setPhase("%s: %d attachments on the node, concurrency %d", name, level, conc)
 			pods := newPods(sc, cfg.Ops)
-			row := churn(ctx, c, fmt.Sprintf("%s-%d-%d", short, level, conc), pods, conc, prog)
+			s := churnSample(ctx, c, fmt.Sprintf("%s-%d-%d", short, level, conc), pods, conc, prog)
+			row := s.row(conc)
 			row.Contender, row.Attachments = name, level
 			rep.Latency = append(rep.Latency, row)
 		}
@@ -226,25 +205,24 @@ func removePods(pods []*harness.NS) {
 	}
 }
 
-// churn runs len(pods) ADD+DEL pairs on conc workers: each worker takes a
-// pod, ADDs it, DELs it, and takes the next. Both latencies are recorded;
-// the throughput is pairs per second of wall time.
-func churn(ctx context.Context, c contender, prefix string, pods []*harness.NS, conc int, prog *progress) LatencyRow {
+// churnSample runs len(pods) ADD+DEL pairs on conc workers: each worker
+// takes a pod, ADDs it, DELs it, and takes the next. Both latencies are
+// recorded, and the wall time of the whole and the machine's busy time
+// meanwhile.
+func churnSample(ctx context.Context, c contender, prefix string, pods []*harness.NS, conc int, prog *progress) sample {
 	var (
-		mu       sync.Mutex
-		add, del []time.Duration
-		failed   int
-		firstErr error
+		mu sync.Mutex
+		s  sample
 	)
 	fail := func(err error) {
 		mu.Lock()
 		defer mu.Unlock()
-		failed++
-		if firstErr == nil {
-			firstErr = err
+		s.failed++
+		if s.firstErr == nil {
+			s.firstErr = err
 		}
 	}
-	start := time.Now()
+	start, busy := time.Now(), machineBusy()
 	_ = parallel(conc, len(pods), func(i int) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -265,23 +243,16 @@ func churn(ctx context.Context, c contender, prefix string, pods []*harness.NS, 
 			fail(fmt.Errorf("DEL %s: %w", id, err))
 		}
 		mu.Lock()
-		add = append(add, t1.Sub(t0))
+		s.add = append(s.add, t1.Sub(t0))
 		if err == nil {
-			del = append(del, t2.Sub(t1))
+			s.del = append(s.del, t2.Sub(t1))
 		}
 		mu.Unlock()
 		prog.add(1)
 		return nil
 	})
-	wall := time.Since(start)
-	row := LatencyRow{Concurrency: conc, Add: distOf(add), Del: distOf(del), Wall: wall.Seconds(), Failed: failed}
-	if n := len(del); n > 0 {
-		row.PerSecond = float64(n) / wall.Seconds()
-	}
-	if firstErr != nil {
-		row.FirstErr = firstErr.Error()
-	}
-	return row
+	s.wall, s.busy = time.Since(start), machineBusy()-busy
+	return s
 }
 
 // netnsObjects is the kernel's count of live network namespaces

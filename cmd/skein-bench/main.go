@@ -37,6 +37,7 @@ func main() {
 	conc := flag.String("concurrency", "", "concurrent runtime calls, comma-separated (overrides the preset)")
 	dualLevels := flag.String("dual-levels", "", "attachments on the node for the dual-stack rows, comma-separated (overrides the preset; \"none\": no such rows)")
 	ops := flag.Int("ops", 0, "ADD+DEL pairs per contender, level and concurrency (overrides the preset)")
+	headOps := flag.Int("head-ops", -1, "ADD+DEL pairs per contender and concurrency of the head-to-head phase (overrides the preset; 0: no such phase)")
 	dual := flag.Bool("dual", false, "give every contender IPv6 addresses too")
 	only := flag.String("contenders", "", "comma-separated subset of floor,exec-floor,skein,bridge+host-local,ptp+host-local,floor-dual,skein-dual")
 	verbose := flag.Bool("v", false, "log the test bed's messages")
@@ -72,6 +73,9 @@ func main() {
 	}
 	if *ops > 0 {
 		cfg.Ops = *ops
+	}
+	if *headOps >= 0 {
+		cfg.HeadOps = *headOps
 	}
 	if *only != "" {
 		cfg.Contenders = strings.Split(*only, ",")
