@@ -49,7 +49,7 @@ type LatencyRow struct {
 	// ADD+DEL pair while the cell ran, ms: what a pair costs the machine,
 	// whoever spends it (plugin, daemon, kernel threads, the benchmark).
 	BusyPerPair float64 `json:"machine_busy_ms_per_pair,omitempty"`
-	Failed    int     `json:"failed"`
+	Failed      int     `json:"failed"`
 	// NA says why the cell could not be measured (empty: it was).
 	NA       string `json:"not_applicable,omitempty"`
 	FirstErr string `json:"first_error,omitempty"`
