@@ -258,6 +258,15 @@ func startCache(ctx context.Context, cfg *rest.Config, o Options) (_ cache.Cache
 }
 
 // Describe names the API server and the local store.
+// Volatile is the local store's unsynced tier (store.Tiered), nil when it
+// has none.
+func (s *Store) Volatile() store.Store {
+	if t, ok := s.Store.(interface{ Volatile() store.Store }); ok {
+		return t.Volatile()
+	}
+	return nil
+}
+
 func (s *Store) Describe() string {
 	return fmt.Sprintf("kubernetes %s (node %s), attachments in %s", s.host, s.node, s.Store.Describe())
 }

@@ -506,6 +506,12 @@ func TestRecordWritesPerPod(t *testing.T) {
 	if n := st.Commits() - before; n != 1 {
 		t.Errorf("an attach of three image networks committed %d times to the synced file, want 1 (the intent)", n)
 	}
+	if got := volatileKeys(t, w); !equal(got, []string{uuid1}) {
+		t.Errorf("completions %v, want the pod's", got)
+	}
+	if rec, err := w.pods.Status(ctx, uuid1); err != nil || len(rec.Attachments) != 3 || rec.Attachments[2].State != kurma.StateAttached {
+		t.Errorf("after the attach: %+v, %v", rec, err)
+	}
 	before = st.Commits()
 	if err := w.pods.Detach(ctx, uuid1); err != nil {
 		t.Fatal(err)
@@ -602,6 +608,27 @@ func TestCompletionAcrossStarts(t *testing.T) {
 		t.Fatalf("after rolling chatty back the pod has %v", got)
 	}
 
+	// A completion over a record with nothing to roll back, stale: it
+	// claims a network the record does not have. Swept, not merged.
+	stale, _ = durable(uuid1)
+	w.d.Close()
+	vol = openVolatile(t, w)
+	stale.Over, stale.Seal = "an-earlier-seal", ""
+	stale.Attachments = append(stale.Attachments, stale.Attachments[0])
+	stale.Attachments[2].Network = "chatty"
+	b, _ = json.Marshal(stale)
+	if err := vol.PutMeta(ctx, kurma.MetaKind, uuid1, b); err != nil {
+		t.Fatal(err)
+	}
+	vol.Close()
+	w.start()
+	if got := volatileKeys(t, w); len(got) != 0 {
+		t.Errorf("a stale completion over a settled record was not swept: %v", got)
+	}
+	if st, err := w.pods.Status(ctx, uuid1); err != nil || !equal(states(st), []string{"good:attached", "oldstyle:attached"}) {
+		t.Fatalf("after a stale completion over a settled record: %v, %v", states(st), err)
+	}
+
 	// A reboot: this boot's file is discarded, the intent alone is left,
 	// and Recover dels the adds it names.
 	ns2 := w.pod()
@@ -660,4 +687,47 @@ func openVolatile(t *testing.T, w *world) *store.Bolt {
 		t.Fatal(err)
 	}
 	return vol
+}
+
+// TestStartWithoutVolatileTier: skeind started once on a store without a
+// volatile tier (as an older skeind, or a store of the caller's) rolls
+// back the last attach, whose outcome it cannot see, and rewrites the
+// record without a seal; started again with the tier, the completion it
+// left there must not bring the rolled-back network back.
+func TestStartWithoutVolatileTier(t *testing.T) {
+	w := newWorld(t, testNets)
+	ctx := context.Background()
+	ns := w.pod()
+	for _, n := range []string{"good", "oldstyle"} {
+		if _, err := w.pods.Attach(ctx, kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel(n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.d.Close()
+	bolt, err := store.OpenBolt(filepath.Join(w.cfg.StateDir, "skein.db"), store.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cfg.Store = bolt
+	w.start()
+	st, err := w.pods.Status(ctx, uuid1)
+	if err != nil || len(st.Attachments) != 1 || st.Attachments[0].Network != "good" {
+		t.Fatalf("without the volatile tier: %v, %v (want oldstyle rolled back)", names(st.Attachments), err)
+	}
+	if got := links(t, ns); !equal(got, []string{"net0"}) {
+		t.Fatalf("without the volatile tier the pod has %v", got)
+	}
+	w.d.Close()
+	w.cfg.Store = nil
+	w.start()
+	if st, err := w.pods.Status(ctx, uuid1); err != nil || len(st.Attachments) != 1 || st.Attachments[0].Network != "good" {
+		t.Fatalf("with the tier again: %v, %v (the old completion counted)", names(st.Attachments), err)
+	}
+	if got := volatileKeys(t, w); len(got) != 0 {
+		t.Errorf("the old completion was not swept: %v", got)
+	}
+	if err := w.pods.Detach(ctx, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	w.assertNothingLeft(uuid1, ns)
 }

@@ -98,17 +98,25 @@ func (a *AttachmentRecord) Builtin() bool { return a.Digest == "" }
 // record (another network, a detach) carries the completed add with it.
 
 // getRecord reads the record stored under key: the durable record, or its
-// completion.
+// completion. The completion is read first: a write between the two reads
+// (readers need not hold the pod's lock) then shows as a seal that does
+// not match, and the durable record read second already carries what the
+// completion said (putRecord writes the durable record before it drops
+// the completion).
 func (m *Manager) getRecord(ctx context.Context, key string) (PodRecord, bool, error) {
+	var c PodRecord
+	var has bool
+	if m.vol != nil {
+		var err error
+		if c, has, err = readRecord(ctx, m.vol, key); err != nil {
+			return PodRecord{}, false, fmt.Errorf("completion of %w", err)
+		}
+	}
 	r, found, err := readRecord(ctx, m.st, key)
-	if err != nil || !found || m.vol == nil || r.Seal == "" {
+	if err != nil || !found {
 		return r, found, err
 	}
-	c, has, err := readRecord(ctx, m.vol, key)
-	if err != nil {
-		return PodRecord{}, false, fmt.Errorf("completion of %w", err)
-	}
-	if has && c.Over == r.Seal {
+	if has && r.Seal != "" && c.Over == r.Seal {
 		c.Seal, c.Over = r.Seal, ""
 		return c, true, nil
 	}
@@ -134,7 +142,10 @@ func readRecord(ctx context.Context, st store.Store, key string) (PodRecord, boo
 // left, with a new Seal (set in r), and drops its completion.
 func (m *Manager) putRecord(ctx context.Context, r *PodRecord) error {
 	var b []byte
-	r.Over = ""
+	// Without a volatile tier no seal: one carried over from a record
+	// read before would let a completion left from such a start count
+	// again.
+	r.Over, r.Seal = "", ""
 	if len(r.Attachments) > 0 {
 		if m.vol != nil {
 			r.Seal = rand.Text()
@@ -177,18 +188,20 @@ func (m *Manager) putCompletion(ctx context.Context, r *PodRecord) error {
 	return nil
 }
 
-// listRecords returns every record, each merged with its completion.
-// Undecodable records are logged and skipped.
+// listRecords returns every record, each merged with its completion (the
+// completions listed first, as getRecord reads them). Undecodable records
+// are logged and skipped.
 func (m *Manager) listRecords(ctx context.Context) ([]PodRecord, error) {
-	all, err := m.st.ListMeta(ctx, MetaKind)
-	if err != nil {
-		return nil, fmt.Errorf("list pod records: %w", err)
-	}
 	var done map[string][]byte
 	if m.vol != nil {
+		var err error
 		if done, err = m.vol.ListMeta(ctx, MetaKind); err != nil {
 			return nil, fmt.Errorf("list pod records' completions: %w", err)
 		}
+	}
+	all, err := m.st.ListMeta(ctx, MetaKind)
+	if err != nil {
+		return nil, fmt.Errorf("list pod records: %w", err)
 	}
 	out := make([]PodRecord, 0, len(all))
 	for key, b := range all {
@@ -209,7 +222,7 @@ func (m *Manager) listRecords(ctx context.Context) ([]PodRecord, error) {
 
 // sweepCompletions deletes the completions whose durable record changed
 // or went (a crash between the two writes of putRecord, or a record
-// removed by hand).
+// removed by hand), each under its pod's lock and checked again there.
 func (m *Manager) sweepCompletions(ctx context.Context) error {
 	if m.vol == nil {
 		return nil
@@ -218,21 +231,30 @@ func (m *Manager) sweepCompletions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for key, cb := range done {
-		var c PodRecord
-		b, err := m.st.GetMeta(ctx, MetaKind, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-		var r PodRecord
-		if err == nil && json.Unmarshal(b, &r) == nil && json.Unmarshal(cb, &c) == nil && r.Seal != "" && c.Over == r.Seal {
-			continue
-		}
-		if err := m.vol.PutMeta(ctx, MetaKind, key, nil); err != nil {
+	for key := range done {
+		unlock := m.locks.Lock(podOfKey(key))
+		err := m.sweepOne(ctx, key)
+		unlock()
+		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sweepOne deletes key's completion unless it completes key's durable
+// record. The pod's lock is held.
+func (m *Manager) sweepOne(ctx context.Context, key string) error {
+	c, has, err := readRecord(ctx, m.vol, key)
+	if err == nil && !has {
+		return nil
+	}
+	// A completion that does not decode completes nothing.
+	r, found, rerr := readRecord(ctx, m.st, key)
+	if err == nil && rerr == nil && found && r.Seal != "" && c.Over == r.Seal {
+		return nil
+	}
+	return m.vol.PutMeta(ctx, MetaKind, key, nil)
 }
 
 // maxKeyTail bounds what a record key may add to the pod's ID.
