@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -59,6 +60,9 @@ import (
 //   - libcni: skein through libcni, as skein-bench measures it;
 //
 //   - exec-floor: bench/execfloor through libcni.
+//
+// and the CPU time of the exec'd binaries (-cpu-p50-ms): the skein binary's
+// ADD, DEL (exec-del) and VERSION, and bench/execfloor's.
 //
 //     go test -run '^$' -bench ADDParts -benchtime 200x ./bench/
 func BenchmarkADDParts(b *testing.B) {
@@ -130,7 +134,9 @@ func BenchmarkADDParts(b *testing.B) {
 		}
 		return err
 	}
-	execIn := func(dir, verb, id string, pod *harness.NS) error {
+	// cpu: the CPU time (user + system) of each exec'd binary, by part.
+	cpu := map[string][]time.Duration{}
+	execIn := func(part, dir, verb, id string, pod *harness.NS) error {
 		cmd := exec.Command(filepath.Join(dir, "skein"))
 		if dir != d.BinDir {
 			cmd = exec.Command(filepath.Join(dir, "execfloor"))
@@ -141,9 +147,12 @@ func BenchmarkADDParts(b *testing.B) {
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			cpu[part] = append(cpu[part], time.Duration(ru.Utime.Nano()+ru.Stime.Nano()))
+		}
 		return nil
 	}
-	execSkein := func(verb, id string, pod *harness.NS) error { return execIn(d.BinDir, verb, id, pod) }
+	execSkein := func(part, verb, id string, pod *harness.NS) error { return execIn(part, d.BinDir, verb, id, pod) }
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -191,10 +200,10 @@ func BenchmarkADDParts(b *testing.B) {
 			return nil
 		})
 		id = fmt.Sprintf("exec%d", i)
-		timed("exec", func() error { return execSkein("ADD", id, ps[2]) })
-		_ = execSkein("DEL", id, ps[2])
-		timed("exec-version", func() error { return execSkein("VERSION", id, ps[2]) })
-		timed("exec-floor-direct", func() error { return execIn(efDir, "ADD", id, ps[2]) })
+		timed("exec", func() error { return execSkein("exec", "ADD", id, ps[2]) })
+		_ = execSkein("exec-del", "DEL", id, ps[2])
+		timed("exec-version", func() error { return execSkein("exec-version", "VERSION", id, ps[2]) })
+		timed("exec-floor-direct", func() error { return execIn("exec-floor-direct", efDir, "ADD", id, ps[2]) })
 		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cni%d", i), NetNS: ps[3].Path(), IfName: "eth0"}
 		timed("libcni", func() error {
 			var err error
@@ -217,5 +226,11 @@ func BenchmarkADDParts(b *testing.B) {
 		l := lat[part]
 		slices.Sort(l)
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-p50-ms")
+	}
+	for _, part := range []string{"exec", "exec-del", "exec-version", "exec-floor-direct"} {
+		if l := cpu[part]; len(l) > 0 {
+			slices.Sort(l)
+			b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-cpu-p50-ms")
+		}
 	}
 }

@@ -36,6 +36,12 @@ type contender interface {
 	node() *harness.NS
 }
 
+// daemonized is a contender whose work is partly done by daemons of its
+// own (skeind), whose CPU time its cells count.
+type daemonized interface {
+	daemons() []int
+}
+
 // limited is a contender that cannot hold more than maxAttachments on
 // one node network.
 type limited interface {

@@ -158,19 +158,18 @@ func fill(c contender, sc *scope, prefix string, from, to int, prog *progress) e
 }
 
 // sample is what churns measured: every pair's ADD and DEL latency, the
-// wall time they took, the machine's busy time meanwhile (all CPUs), the
-// failures.
+// wall time they took, the CPU time the contender used, the failures.
 type sample struct {
-	add, del   []time.Duration
-	wall, busy time.Duration
-	failed     int
-	firstErr   error
+	add, del  []time.Duration
+	wall, cpu time.Duration
+	failed    int
+	firstErr  error
 }
 
 func (s *sample) merge(o sample) {
 	s.add, s.del = append(s.add, o.add...), append(s.del, o.del...)
 	s.wall += o.wall
-	s.busy += o.busy
+	s.cpu += o.cpu
 	s.failed += o.failed
 	if s.firstErr == nil {
 		s.firstErr = o.firstErr
@@ -184,7 +183,7 @@ func (s *sample) row(conc int) LatencyRow {
 		row.PerSecond = float64(n) / s.wall.Seconds()
 	}
 	if n := len(s.add) + s.failed; n > 0 {
-		row.BusyPerPair = float64(s.busy.Microseconds()) / 1000 / float64(n)
+		row.CPUPerPair = float64(s.cpu.Microseconds()) / 1000 / float64(n)
 	}
 	if s.firstErr != nil {
 		row.FirstErr = s.firstErr.Error()

@@ -51,23 +51,24 @@ func machine() Machine {
 	return m
 }
 
-// machineBusy is the time every CPU of the machine spent on anything but
-// idling since boot (/proc/stat: user, nice, system, irq, softirq and
-// steal; in ticks of 10 ms), 0 if it cannot be read.
-func machineBusy() time.Duration {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
+// cpuUsed is the CPU time (user and system, every thread) used so far
+// by this process, by its children it waited for (the plugins libcni
+// exec'd) and by the processes pids (a contender's daemons): precise
+// clocks, not ticks. 0 for a pid that cannot be read.
+func cpuUsed(pids ...int) time.Duration {
+	var t time.Duration
+	for _, who := range []int{unix.RUSAGE_SELF, unix.RUSAGE_CHILDREN} {
+		var ru unix.Rusage
+		if unix.Getrusage(who, &ru) == nil {
+			t += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0
+	for _, pid := range pids {
+		// The process-wide CPU clock of pid (clock_getcpuclockid).
+		var ts unix.Timespec
+		if unix.ClockGettime(int32((^pid)<<3|2), &ts) == nil {
+			t += time.Duration(ts.Nano())
+		}
 	}
-	var ticks int64
-	for _, i := range []int{1, 2, 3, 6, 7, 8} {
-		n, _ := strconv.ParseInt(f[i], 10, 64)
-		ticks += n
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return t
 }

@@ -271,9 +271,9 @@ func (r *Report) ownShare(w io.Writer) {
 			"floor. Each on a node of its own, started together, taking turns: every cell is cut into %d rounds in which each "+
 			"contender runs its share of the %d ADD+DEL pairs, so that the machine's drift falls on all of them alike "+
 			"(the matrix below measures each contender in its own stretch of the run). The dual-stack row: skein and the "+
-			"floor with an IPv6 address too, against the same exec floor. The last two columns: the machine's busy time "+
-			"(all CPUs, whoever spent it) per ADD+DEL pair while the contender ran, in ms.\n\n"+
-			"| c | skein | exec floor | floor | exec floor + floor | skein's own | machine per pair: skein | exec floor + floor |\n"+
+			"floor with an IPv6 address too, against the same exec floor. The last two columns: CPU time per ADD+DEL pair, "+
+			"in ms — the benchmark process (libcni, the floor's netlink calls), the plugins it exec'd and skeind.\n\n"+
+			"| c | skein | exec floor | floor | exec floor + floor | skein's own | CPU per pair: skein | exec floor + floor |\n"+
 			"|---:|---:|---:|---:|---:|---:|---:|---:|\n",
 			r.HeadToHead[0].Attachments, headRounds, r.Config.HeadOps)
 		for _, c := range r.Config.Concurrency {
@@ -287,7 +287,7 @@ func (r *Report) ownShare(w io.Writer) {
 					label += ", dual stack"
 				}
 				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, ms(s.Add.P50), ms(e.Add.P50), ms(f.Add.P50),
-					ms(e.Add.P50+f.Add.P50), signed(s.Add.P50-e.Add.P50-f.Add.P50), ms(s.BusyPerPair), ms(e.BusyPerPair+f.BusyPerPair))
+					ms(e.Add.P50+f.Add.P50), signed(s.Add.P50-e.Add.P50-f.Add.P50), ms(s.CPUPerPair), ms(e.CPUPerPair+f.CPUPerPair))
 			}
 		}
 		fmt.Fprintln(w)

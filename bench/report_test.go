@@ -76,7 +76,7 @@ func TestReportHeadToHead(t *testing.T) {
 	cfg := Quick()
 	rep := &Report{Config: cfg, order: []string{cFloor, cExecFloor, cSkein}}
 	add := func(rows *[]LatencyRow, name string, c int, p50 float64) {
-		*rows = append(*rows, LatencyRow{Contender: name, Attachments: 10, Concurrency: c, Add: Dist{P50: p50, P90: 2 * p50, P99: 3 * p50}, Del: Dist{P50: p50, P90: 2 * p50, P99: 3 * p50}, PerSecond: 10, BusyPerPair: 2 * p50})
+		*rows = append(*rows, LatencyRow{Contender: name, Attachments: 10, Concurrency: c, Add: Dist{P50: p50, P90: 2 * p50, P99: 3 * p50}, Del: Dist{P50: p50, P90: 2 * p50, P99: 3 * p50}, PerSecond: 10, CPUPerPair: 2 * p50})
 	}
 	for _, c := range cfg.Concurrency {
 		add(&rep.Latency, cFloor, c, 1)

@@ -13,6 +13,14 @@ import (
 	"github.com/skeinnet/skein/test/harness"
 )
 
+// daemons is skeind (none if it cannot be found).
+func (c *skeinContender) daemons() []int {
+	if pid, err := c.pid(); err == nil {
+		return []int{pid}
+	}
+	return nil
+}
+
 // pid finds the skeind serving this contender's socket.
 func (c *skeinContender) pid() (int, error) {
 	dirs, err := filepath.Glob("/proc/[0-9]*")

@@ -45,11 +45,12 @@ type LatencyRow struct {
 	Wall        float64 `json:"wall_seconds"`
 	// PerSecond is the churn throughput: ADD+DEL pairs completed per second.
 	PerSecond float64 `json:"attachments_per_second"`
-	// BusyPerPair is the machine's busy time (every CPU, /proc/stat) per
-	// ADD+DEL pair while the cell ran, ms: what a pair costs the machine,
-	// whoever spends it (plugin, daemon, kernel threads, the benchmark).
-	BusyPerPair float64 `json:"machine_busy_ms_per_pair,omitempty"`
-	Failed      int     `json:"failed"`
+	// CPUPerPair is the CPU time per ADD+DEL pair while the cell ran, ms:
+	// the benchmark process (libcni, the floor's netlink calls), the
+	// plugins it exec'd and the contender's daemons (skeind); kernel
+	// threads' deferred work is not in it.
+	CPUPerPair float64 `json:"cpu_ms_per_pair,omitempty"`
+	Failed     int     `json:"failed"`
 	// NA says why the cell could not be measured (empty: it was).
 	NA       string `json:"not_applicable,omitempty"`
 	FirstErr string `json:"first_error,omitempty"`

@@ -207,8 +207,9 @@ func removePods(pods []*harness.NS) {
 
 // churnSample runs len(pods) ADD+DEL pairs on conc workers: each worker
 // takes a pod, ADDs it, DELs it, and takes the next. Both latencies are
-// recorded, and the wall time of the whole and the machine's busy time
-// meanwhile.
+// recorded, and the wall time of the whole and the CPU time the
+// contender used meanwhile (cpuUsed: this process, the plugins, its
+// daemons).
 func churnSample(ctx context.Context, c contender, prefix string, pods []*harness.NS, conc int, prog *progress) sample {
 	var (
 		mu sync.Mutex
@@ -222,7 +223,11 @@ func churnSample(ctx context.Context, c contender, prefix string, pods []*harnes
 			s.firstErr = err
 		}
 	}
-	start, busy := time.Now(), machineBusy()
+	var pids []int
+	if d, ok := c.(daemonized); ok {
+		pids = d.daemons()
+	}
+	start, cpu := time.Now(), cpuUsed(pids...)
 	_ = parallel(conc, len(pods), func(i int) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -251,7 +256,7 @@ func churnSample(ctx context.Context, c contender, prefix string, pods []*harnes
 		prog.add(1)
 		return nil
 	})
-	s.wall, s.busy = time.Since(start), machineBusy()-busy
+	s.wall, s.cpu = time.Since(start), cpuUsed(pids...)-cpu
 	return s
 }
 

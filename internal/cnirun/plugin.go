@@ -126,34 +126,42 @@ func (p Plugin) run(getenv func(string) string, stdin io.Reader, stdout, stderr 
 var errNoAnswer = syscall.ECONNRESET
 
 // call sends req on a new connection to sock and reads the answer to its
-// end. The socket blocks (no poller, no goroutine) with the call's timeout
-// on both directions: an EAGAIN is a timeout.
+// end, within the call's timeout (an EAGAIN is a timeout). The connect
+// blocks (SO_SNDTIMEO); the rest waits in Go's poller: a goroutine parked
+// there leaves the process no running P, so the runtime's sysmon thread
+// sleeps until the answer comes, where during a blocking read it would
+// wake every 20 µs to 10 ms — ~60 wake-ups during a DEL that waits 15 ms
+// for the kernel, most of the binary's CPU beyond any Go program's start
+// (measured: docs/benchmarks/report.md).
 func call(sock string, req []byte) ([]byte, error) {
+	deadline := time.Now().Add(CallTimeout + callGrace)
 	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Close(fd)
 	tv := syscall.NsecToTimeval(int64(CallTimeout + callGrace))
-	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
 	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
 	interrupted := false
-	if err := retry(func() error {
+	err = retry(func() error {
 		err := syscall.Connect(fd, &syscall.SockaddrUnix{Name: sock})
 		if err == syscall.EISCONN && interrupted {
 			return nil // the interrupted connect went on and completed
 		}
 		interrupted = err == syscall.EINTR
 		return err
-	}); err != nil {
+	})
+	if err == nil {
+		err = syscall.SetNonblock(fd, true)
+	}
+	if err != nil {
+		syscall.Close(fd)
 		return nil, err
 	}
-	for len(req) > 0 {
-		var n int
-		if err := retry(func() (err error) { n, err = syscall.Write(fd, req); return err }); err != nil {
-			return nil, err
-		}
-		req = req[n:]
+	conn := os.NewFile(uintptr(fd), sock) // non-blocking: served by the poller
+	defer conn.Close()
+	conn.SetDeadline(deadline)
+	if _, err := conn.Write(req); err != nil {
+		return nil, errnoOf(err)
 	}
 	out := make([]byte, 0, 4096)
 	for {
@@ -163,20 +171,35 @@ func call(sock string, req []byte) ([]byte, error) {
 			}
 			out = append(out, 0)[:len(out)]
 		}
-		var n int
-		err := retry(func() (err error) { n, err = syscall.Read(fd, out[len(out):cap(out)]); return err })
-		out = out[:len(out)+max(n, 0)]
-		switch {
-		case err == syscall.ECONNRESET && len(out) == 0, err == nil && n == 0 && len(out) == 0:
+		n, err := conn.Read(out[len(out):cap(out)])
+		out = out[:len(out)+n]
+		if err == io.EOF {
+			if len(out) == 0 {
+				return nil, errNoAnswer
+			}
+			return out, nil
+		}
+		switch err = errnoOf(err); {
+		case err == syscall.ECONNRESET && len(out) == 0:
 			return nil, errNoAnswer
 		case err == syscall.ECONNRESET && !isPrefix(out, ReplyMagic):
 			return nil, ErrFrame // an older skeind's gRPC server, refusing our bytes
 		case err != nil:
 			return nil, err
-		case n == 0:
-			return out, nil
 		}
 	}
+}
+
+// errnoOf is the errno behind an os.File error (syscall.EAGAIN for its
+// deadline), err itself otherwise.
+func errnoOf(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		err = pe.Err
+	}
+	if err == os.ErrDeadlineExceeded {
+		return syscall.EAGAIN
+	}
+	return err
 }
 
 // retry repeats f while a signal interrupts it: the Go runtime's signals
