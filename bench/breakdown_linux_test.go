@@ -64,7 +64,7 @@ import (
 // and the CPU time of the exec'd binaries (-cpu-p50-ms): the skein binary's
 // ADD, DEL (exec-del) and VERSION, and bench/execfloor's.
 //
-//     go test -run '^$' -bench ADDParts -benchtime 200x ./bench/
+//	go test -run '^$' -bench ADDParts -benchtime 200x ./bench/
 func BenchmarkADDParts(b *testing.B) {
 	harness.RequireRoot(b)
 	sc := newScope("parts", false)
