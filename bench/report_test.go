@@ -31,13 +31,7 @@ func TestReportWrite(t *testing.T) {
 	rep.RSS = []RSSRow{{Attachments: 10, KiB: 18 * 1024}, {Attachments: 1000, KiB: 23 * 1024}}
 
 	dir := t.TempDir()
-	if err := rep.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := writeReport(t, rep, dir)
 	for _, want := range []string{
 		"## ADD latency", "## DEL latency", "## Churn throughput", "## Ratios", "## Data path",
 		"| 10 | 1 | 1.00 / – / 2.00 | 4.00 / – / 8.00 | 30.0 / – / 60.0 |",
@@ -88,14 +82,7 @@ func TestReportHeadToHead(t *testing.T) {
 	}
 	add(&rep.HeadToHead, cFloorDual, 1, 1.5)
 	add(&rep.HeadToHead, cSkeinDual, 1, 5.5)
-	dir := t.TempDir()
-	if err := rep.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := writeReport(t, rep, t.TempDir())
 	for _, want := range []string{
 		"## skein's own share of an ADD, head to head",
 		"| 1 | 4.50 | 2.50 | 1.20 | 3.70 | +0.80 | 9.00 | 7.40 |",
@@ -113,4 +100,17 @@ func TestReportHeadToHead(t *testing.T) {
 	if strings.Contains(string(md), "c=1, in the matrix)") {
 		t.Errorf("a target read from the matrix although the run measured head to head:\n%s", md)
 	}
+}
+
+// writeReport writes rep into dir and returns its report.md.
+func writeReport(t *testing.T, rep *Report, dir string) []byte {
+	t.Helper()
+	if err := rep.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md
 }

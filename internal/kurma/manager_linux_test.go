@@ -581,23 +581,29 @@ func TestCompletionAcrossStarts(t *testing.T) {
 		t.Fatalf("the synced file holds %v after a second attach", states(r))
 	}
 
+	// plant stops skeind, writes c as a completion under keys, over a seal
+	// no durable write had, and starts skeind again.
+	plant := func(c kurma.PodRecord, keys ...string) {
+		t.Helper()
+		w.d.Close()
+		vol := openVolatile(t, w)
+		defer w.start()
+		defer vol.Close()
+		c.Over, c.Seal = "an-earlier-seal", ""
+		b, _ := json.Marshal(c)
+		for _, k := range keys {
+			if err := vol.PutMeta(ctx, kurma.MetaKind, k, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
 	// A completion left over a changed intent (a crash between putRecord's
 	// two writes) counts for nothing and is swept at start.
 	stale, _ := durable(uuid1)
-	w.d.Close()
-	vol := openVolatile(t, w)
-	stale.Over, stale.Seal = "an-earlier-seal", ""
 	stale.Attachments = stale.Attachments[:1]
 	stale.Attachments[0].State = kurma.StateAttached
-	b, _ := json.Marshal(stale)
-	if err := vol.PutMeta(ctx, kurma.MetaKind, uuid1, b); err != nil {
-		t.Fatal(err)
-	}
-	if err := vol.PutMeta(ctx, kurma.MetaKind, uuid1+"/gone", b); err != nil {
-		t.Fatal(err)
-	}
-	vol.Close()
-	w.start()
+	plant(stale, uuid1, uuid1+"/gone")
 	if got := volatileKeys(t, w); len(got) != 0 {
 		t.Errorf("stale completions %v not swept", got)
 	}
@@ -611,17 +617,9 @@ func TestCompletionAcrossStarts(t *testing.T) {
 	// A completion over a record with nothing to roll back, stale: it
 	// claims a network the record does not have. Swept, not merged.
 	stale, _ = durable(uuid1)
-	w.d.Close()
-	vol = openVolatile(t, w)
-	stale.Over, stale.Seal = "an-earlier-seal", ""
 	stale.Attachments = append(stale.Attachments, stale.Attachments[0])
 	stale.Attachments[2].Network = "chatty"
-	b, _ = json.Marshal(stale)
-	if err := vol.PutMeta(ctx, kurma.MetaKind, uuid1, b); err != nil {
-		t.Fatal(err)
-	}
-	vol.Close()
-	w.start()
+	plant(stale, uuid1)
 	if got := volatileKeys(t, w); len(got) != 0 {
 		t.Errorf("a stale completion over a settled record was not swept: %v", got)
 	}
