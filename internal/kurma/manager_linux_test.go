@@ -524,10 +524,11 @@ func TestRecordWritesPerPod(t *testing.T) {
 
 // TestCompletionAcrossStarts: the outcome of an attach lives in the
 // volatile file over the synced intent. A restart of skeind (the file
-// kept) finds the pod attached and rolls nothing back; a later durable
-// write (a detach) wins over the completion; a restart after a reboot (the
-// file discarded) finds only the intent and rolls the add back; a
-// completion whose intent changed counts for nothing and is swept.
+// kept) finds the pod attached and rolls nothing back (TestMetaRestart in
+// test/kurma does the same with SIGKILL); the next durable write (another
+// attach) carries the completed adds; a completion whose intent changed
+// counts for nothing and is swept; a restart after a reboot (the file
+// discarded) finds only the intent and rolls the add back.
 func TestCompletionAcrossStarts(t *testing.T) {
 	w := newWorld(t, testNets)
 	ctx := context.Background()

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -69,9 +70,10 @@ func TestMetaVersions(t *testing.T) {
 }
 
 // TestMetaRestart: skeind is killed (SIGKILL) between a meta ADD and its
-// DEL, and the network leaves its config meanwhile; the DEL after the
-// restart still removes everything (from the records), and a second
-// DEL succeeds.
+// DEL, and the network leaves its config meanwhile; after the restart the
+// pod keeps its networks (the add's outcome, written unsynced, survived
+// the kill), the DEL still removes everything (from the records), and a
+// second DEL succeeds.
 func TestMetaRestart(t *testing.T) {
 	harness.RequireRoot(t)
 	bin := skeintest.Binaries(t)
@@ -88,10 +90,40 @@ func TestMetaRestart(t *testing.T) {
 	if _, err := d.CNI().AddNetworkList(ctx(t), list, rt); err != nil {
 		t.Fatalf("ADD: %v", err)
 	}
+	links := func() []string {
+		t.Helper()
+		ls, err := pod.Handle(t).LinkList()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, l := range ls {
+			names = append(names, l.Attrs().Name)
+		}
+		slices.Sort(names)
+		return names
+	}
+	before := links()
 	d.Kill(t)
 	// The new config has no pod network named blue any more.
 	writeConfig(t, conf, []map[string]any{poolNet("pool", true)})
 	d.Start(t)
+	// The add's outcome, written unsynced, survived the kill: nothing was
+	// rolled back at start.
+	if after := links(); !slices.Equal(after, before) || len(before) != 3 {
+		t.Fatalf("pod links %v before the kill, %v after the restart (want lo, eth0, net1 kept)\n%s", before, after, d.Log())
+	}
+	if l, err := pods(t, d).List(ctx(t), &rpc.Empty{}); err != nil || len(l.Pods) == 0 {
+		t.Fatalf("records after the restart: %v %v", l, err)
+	} else {
+		for _, p := range l.Pods {
+			for _, a := range p.Attachments {
+				if a.State != "attached" {
+					t.Errorf("after the restart pod %s network %s is %q", p.Id, a.Network, a.State)
+				}
+			}
+		}
+	}
 	for i := range 2 {
 		if err := d.CNI().DelNetworkList(ctx(t), list, rt); err != nil {
 			t.Fatalf("DEL #%d after restart: %v\n%s", i+1, err, d.Log())
