@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -90,29 +89,14 @@ func TestMetaRestart(t *testing.T) {
 	if _, err := d.CNI().AddNetworkList(ctx(t), list, rt); err != nil {
 		t.Fatalf("ADD: %v", err)
 	}
-	links := func() []string {
-		t.Helper()
-		ls, err := pod.Handle(t).LinkList()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, l := range ls {
-			names = append(names, l.Attrs().Name)
-		}
-		slices.Sort(names)
-		return names
-	}
-	before := links()
+	wantLinks(t, pod, "eth0", "lo", "net1")
 	d.Kill(t)
 	// The new config has no pod network named blue any more.
 	writeConfig(t, conf, []map[string]any{poolNet("pool", true)})
 	d.Start(t)
 	// The add's outcome, written unsynced, survived the kill: nothing was
 	// rolled back at start.
-	if after := links(); !slices.Equal(after, before) || len(before) != 3 {
-		t.Fatalf("pod links %v before the kill, %v after the restart (want lo, eth0, net1 kept)\n%s", before, after, d.Log())
-	}
+	wantLinks(t, pod, "eth0", "lo", "net1")
 	if l, err := pods(t, d).List(ctx(t), &rpc.Empty{}); err != nil || len(l.Pods) == 0 {
 		t.Fatalf("records after the restart: %v %v", l, err)
 	} else {
