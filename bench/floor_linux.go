@@ -186,7 +186,10 @@ func (f *Floor) Setup(hostName, podPath, ifName string, addrs []netip.Addr) erro
 }
 
 // Teardown deletes the host link, and with it the peer, the addresses and
-// the routes: the synchronous kernel work any DEL of this design must do.
+// the routes, and returns when the kernel answers: after it has freed the
+// pair, as a plain netlink delete does. skein's DEL returns earlier, once
+// the kernel has unlisted the pair (see internal/dataplane), so the floor's
+// DEL is not a floor for skein's.
 func (f *Floor) Teardown(hostName string) error {
 	node, err := f.get()
 	if err != nil {

@@ -126,10 +126,11 @@ func wrap(err *error, op, link string) {
 
 // Dataplane programs the routed-veth dataplane of one node namespace.
 type Dataplane struct {
-	cfg    Config
-	h      *netlink.Handle // socket in cfg.NodeNetNS, for the rare whole-node operations
-	closeH func()
-	pool   handlePool // sockets for attachment operations, one per caller at a time
+	cfg      Config
+	h        *netlink.Handle // socket in cfg.NodeNetNS, for the rare whole-node operations
+	closeH   func()
+	pool     handlePool // sockets for attachment operations, one per caller at a time
+	unlisted unlisted   // Teardown's deletes in flight, and the links the kernel unlisted
 
 	exportMu sync.Mutex
 	exported map[netip.Prefix]bool // what SetExportedBlocks last left; nil: read the table
@@ -173,14 +174,20 @@ func New(cfg Config) (_ *Dataplane, retErr error) {
 			return nil, err
 		}
 	}
+	if err := d.watchUnlisted(); err != nil {
+		closeH()
+		return nil, err
+	}
 	return d, nil
 }
 
 // Config returns the configuration with defaults filled in.
 func (d *Dataplane) Config() Config { return d.cfg }
 
-// Close releases the netlink socket. It changes nothing in the kernel.
+// Close waits for the deletes in flight and releases the netlink sockets.
+// It changes nothing in the kernel.
 func (d *Dataplane) Close() error {
+	d.unlisted.close()
 	d.pool.close()
 	if d.closeH != nil {
 		d.closeH()

@@ -14,7 +14,10 @@ import (
 
 // Teardown removes the attachment whose host veth is hostName. Deleting the
 // host veth takes its peer, the pod's addresses and routes, and the host
-// routes in PodTable with it, in one synchronous kernel operation.
+// routes in PodTable with it, in one kernel operation. Teardown returns
+// once the kernel has unlisted the pair, before it has freed it (see
+// unlisted): by then neither end nor any of its addresses and routes can
+// be seen, and the names and addresses can be used again.
 //
 // It is idempotent: it succeeds when the link, the namespace or both are
 // already gone. If no link is called hostName, it looks for the pair from the
@@ -39,7 +42,7 @@ func (d *Dataplane) Teardown(hostName, netnsPath, ifName string, addrs []netip.A
 		if !d.owned(link) {
 			return fmt.Errorf("alias %q: %w", link.Attrs().Alias, ErrNotOwned)
 		}
-		return d.deleteLink(h, link)
+		return d.deleteLink(link)
 	case !isNotFound(err):
 		return fmt.Errorf("find host veth: %w", err)
 	}
@@ -50,14 +53,7 @@ func (d *Dataplane) Teardown(hostName, netnsPath, ifName string, addrs []netip.A
 	if err != nil || link == nil {
 		return err
 	}
-	return d.deleteLink(h, link)
-}
-
-func (d *Dataplane) deleteLink(h *netlink.Handle, link netlink.Link) error {
-	if err := h.LinkDel(link); err != nil && !isNotFound(err) {
-		return fmt.Errorf("delete %s: %w", link.Attrs().Name, err)
-	}
-	return nil
+	return d.deleteLink(link)
 }
 
 // hostEndFromPod finds the host end of the veth called ifName in the pod
