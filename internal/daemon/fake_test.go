@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/test/harness"
 )
@@ -217,7 +219,7 @@ var errBoom = errors.New("boom")
 // testNode is one daemon over a fake kernel and a faulty store, which can
 // be restarted over the same store file and kernel.
 type testNode struct {
-	t      *testing.T
+	t      testing.TB
 	path   string
 	kernel *fakeKernel
 	st     *faultyStore
@@ -228,7 +230,7 @@ type testNode struct {
 
 // newTestNode starts a daemon with pool "p" (10.0.0.0/24 and fd00::/120,
 // unless cfg names pools) on a fresh store.
-func newTestNode(t *testing.T, cfg Config) *testNode {
+func newTestNode(t testing.TB, cfg Config) *testNode {
 	t.Helper()
 	if cfg.Pools == nil {
 		cfg.Pools = []PoolSpec{{Name: "p", Subnets: []string{"10.0.0.0/24", "fd00::/120"}}}
@@ -302,4 +304,20 @@ func key(id string) store.AttachmentKey {
 
 func attachReq(id string) AttachRequest {
 	return AttachRequest{Key: key(id), Pool: "p", NetNS: "/run/netns/" + id, Owner: OwnerCNI}
+}
+
+// pinnedNS pins a new network namespace under a temporary directory of t
+// and returns its path; it is removed when t ends. It skips t unless it
+// runs as root, naming why (a test of why the namespace is needed).
+func pinnedNS(t testing.TB, name, why string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: " + why)
+	}
+	path := filepath.Join(t.TempDir(), name)
+	if err := netns.Create(path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Remove(path) })
+	return path
 }

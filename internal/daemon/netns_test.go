@@ -2,33 +2,20 @@ package daemon
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/skeinnet/skein/api/rpc"
-	"github.com/skeinnet/skein/internal/netns"
 )
 
 // TestAddRefusesHostNamespaces: an ADD naming the host's namespace (PID
 // 1's), skeind's own or the node's must fail with code 4 before anything
 // is allocated or plumbed (the fake kernel would otherwise "plumb" it).
 func TestAddRefusesHostNamespaces(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: /proc/1/ns/net and a pinned namespace")
-	}
-	node := filepath.Join(t.TempDir(), "node")
-	if err := netns.Create(node); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netns.Remove(node) })
-	pod := filepath.Join(t.TempDir(), "pod")
-	if err := netns.Create(pod); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netns.Remove(pod) })
+	node := pinnedNS(t, "node", "/proc/1/ns/net and a pinned namespace")
+	pod := pinnedNS(t, "pod", "/proc/1/ns/net and a pinned namespace")
 
 	n := &testNode{t: t, path: filepath.Join(t.TempDir(), "skein.db"), kernel: newFakeKernel(),
 		cfg: Config{Pools: []PoolSpec{{Name: "p", Subnets: []string{"10.0.0.0/24"}}}}}

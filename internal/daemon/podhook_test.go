@@ -3,14 +3,11 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/skeinnet/skein/api/rpc"
-	"github.com/skeinnet/skein/internal/netns"
 )
 
 // fakeHook records the pod hook's calls; addErr fails Added.
@@ -45,14 +42,7 @@ func (h *fakeHook) Deleting(_ context.Context, p PodRef, detach func() error) er
 // a failing hook fails the ADD, which then leaves nothing: no link, no
 // record, no address held. In the pool mode and the meta mode alike.
 func TestPodHook(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: a pinned network namespace for CNI_NETNS")
-	}
-	pod := filepath.Join(t.TempDir(), "pod")
-	if err := netns.Create(pod); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netns.Remove(pod) })
+	pod := pinnedNS(t, "pod", "a pinned network namespace for CNI_NETNS")
 	for _, mode := range []struct {
 		name string
 		conf string
