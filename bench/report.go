@@ -272,9 +272,12 @@ func (r *Report) ownShare(w io.Writer) {
 			"contender runs its share of the %d ADD+DEL pairs, so that the machine's drift falls on all of them alike "+
 			"(the matrix below measures each contender in its own stretch of the run). The dual-stack row: skein and the "+
 			"floor with an IPv6 address too, against the same exec floor. The last two columns: CPU time per ADD+DEL pair, "+
-			"in ms — the benchmark process (libcni, the floor's netlink calls), the plugins it exec'd and skeind.\n\n"+
-			"| c | skein | exec floor | floor | exec floor + floor | skein's own | CPU per pair: skein | exec floor + floor |\n"+
-			"|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+			"in ms — the benchmark process (libcni, the floor's netlink calls), the plugins it exec'd and skeind. "+
+			"Beside them, DEL p50 and the pairs completed per second, skein's and the floor's: every worker takes its "+
+			"next pod when its DEL returns, so a faster DEL puts more ADDs in flight at once.\n\n"+
+			"| c | skein | exec floor | floor | exec floor + floor | skein's own | CPU per pair: skein | exec floor + floor "+
+			"| DEL p50: skein | floor | pairs/s: skein | floor |\n"+
+			"|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
 			r.HeadToHead[0].Attachments, headRounds, r.Config.HeadOps)
 		for _, c := range r.Config.Concurrency {
 			for _, names := range [][2]string{{cSkein, cFloor}, {cSkeinDual, cFloorDual}} {
@@ -286,8 +289,9 @@ func (r *Report) ownShare(w io.Writer) {
 				if names[0] == cSkeinDual {
 					label += ", dual stack"
 				}
-				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, ms(s.Add.P50), ms(e.Add.P50), ms(f.Add.P50),
-					ms(e.Add.P50+f.Add.P50), signed(s.Add.P50-e.Add.P50-f.Add.P50), ms(s.CPUPerPair), ms(e.CPUPerPair+f.CPUPerPair))
+				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f |\n", label, ms(s.Add.P50), ms(e.Add.P50), ms(f.Add.P50),
+					ms(e.Add.P50+f.Add.P50), signed(s.Add.P50-e.Add.P50-f.Add.P50), ms(s.CPUPerPair), ms(e.CPUPerPair+f.CPUPerPair),
+					ms(s.Del.P50), ms(f.Del.P50), s.PerSecond, f.PerSecond)
 			}
 		}
 		fmt.Fprintln(w)

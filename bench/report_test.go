@@ -85,8 +85,8 @@ func TestReportHeadToHead(t *testing.T) {
 	md := writeReport(t, rep, t.TempDir())
 	for _, want := range []string{
 		"## skein's own share of an ADD, head to head",
-		"| 1 | 4.50 | 2.50 | 1.20 | 3.70 | +0.80 | 9.00 | 7.40 |",
-		"| 1, dual stack | 5.50 | 2.50 | 1.50 | 4.00 | +1.50 | 11.0 | 8.00 |",
+		"| 1 | 4.50 | 2.50 | 1.20 | 3.70 | +0.80 | 9.00 | 7.40 | 4.50 | 1.20 | 10 | 10 |\n",
+		"| 1, dual stack | 5.50 | 2.50 | 1.50 | 4.00 | +1.50 | 11.0 | 8.00 | 5.50 | 1.50 | 10 | 10 |\n",
 		"| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; 10 attachments, c=1, head to head) | 4.50 − 2.50 − 1.20 = +0.80 ms | met |",
 		"| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; 10 attachments, c=1, dual stack, head to head) | 5.50 − 2.50 − 1.50 = +1.50 ms | **missed** |",
 		"| ADD p50 ≤ exec floor + floor (10 attachments, c=8, head to head) | 4.50 vs 2.50 + 1.20 = 3.70 ms | **missed** |",
