@@ -15,9 +15,9 @@ import (
 // Teardown removes the attachment whose host veth is hostName. Deleting the
 // host veth takes its peer, the pod's addresses and routes, and the host
 // routes in PodTable with it, in one kernel operation. Teardown returns
-// once the kernel has unlisted the pair, before it has freed it (see
-// unlisted): by then neither end nor any of its addresses and routes can
-// be seen, and the names and addresses can be used again.
+// once the kernel has unregistered both ends, before it has freed them
+// (see unlisted): by then nothing of the pair can be seen, and its names
+// and addresses can be used again.
 //
 // It is idempotent: it succeeds when the link, the namespace or both are
 // already gone. If no link is called hostName, it looks for the pair from the

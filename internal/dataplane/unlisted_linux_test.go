@@ -1,10 +1,14 @@
 package dataplane_test
 
 import (
+	"errors"
+	"io/fs"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/internal/netns"
 	"github.com/skeinnet/skein/test/harness"
 )
 
@@ -12,8 +16,8 @@ import (
 // announcement that the host veth is gone, not when the kernel has freed
 // it (the deletes are held back here), and by then nothing of the
 // attachment can be seen: the node and the pod are as before the Setup,
-// and the same attachment — names, addresses, pod — can be set up again at
-// once.
+// neither end's sysctl directories are left, and the same attachment —
+// names, addresses, pod — can be set up again at once.
 func TestTeardownReturnsWhenUnlisted(t *testing.T) {
 	harness.RequireRoot(t)
 	node, d := newNode(t, dataplane.Config{NodeForwarding: true})
@@ -35,6 +39,17 @@ func TestTeardownReturnsWhenUnlisted(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("round %d: Teardown did not return on the kernel's announcement", round)
+		}
+		// What netlink dumps do not show: the sysctl directories, which
+		// go with each end's unregistering.
+		for _, c := range []struct{ ns, dev string }{{node.Path(), l.HostName}, {pod.Path(), l.IfName}} {
+			for _, fam := range []string{"ipv4", "ipv6"} {
+				dir := "/proc/sys/net/" + fam + "/conf/" + c.dev
+				err := netns.Do(c.ns, func() error { _, err := os.Stat(dir); return err })
+				if !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("round %d: %s in %s after Teardown: %v", round, dir, c.ns, err)
+				}
+			}
 		}
 		harness.AssertSame(t, nodeBefore, harness.Snapshot(t, node))
 		harness.AssertSame(t, podBefore, harness.Snapshot(t, pod))

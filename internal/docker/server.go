@@ -39,8 +39,9 @@ const (
 const Owner = "docker"
 
 // Plumber is what the driver needs from the dataplane
-// (*dataplane.Dataplane). Both calls are synchronous; Teardown succeeds
-// when the link is already gone.
+// (*dataplane.Dataplane). Both return when what they made or removed is
+// in place or gone (Teardown before the kernel has freed the pair's
+// memory); Teardown succeeds when the link is already gone.
 type Plumber interface {
 	SetupPair(dataplane.Pair) (dataplane.Applied, error)
 	Teardown(hostName, netnsPath, ifName string, addrs []netip.Addr) error
