@@ -307,8 +307,8 @@ func attachReq(id string) AttachRequest {
 }
 
 // pinnedNS pins a new network namespace under a temporary directory of t
-// and returns its path; it is removed when t ends. It skips t unless it
-// runs as root, naming why (a test of why the namespace is needed).
+// and returns its path; it is removed when t ends. Unless the process runs
+// as root it skips t, saying why the test needs the namespace.
 func pinnedNS(t testing.TB, name, why string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {

@@ -67,7 +67,10 @@
 //
 // # Concurrency
 //
-// A Dataplane is safe for concurrent use; it takes no lock of its own. Its
-// node-side netlink socket serialises one request at a time, which costs
-// little next to the kernel's own rtnl lock.
+// A Dataplane is safe for concurrent use; it holds no lock of its own
+// across a kernel call. Attachment operations take node-side netlink
+// sockets of their own from a pool, so they only meet at the kernel's own
+// RTNL lock. A Teardown's veth delete finishes in the background: the
+// Teardown returns once the kernel has unregistered the pair, without
+// waiting for it to be freed (unlisted_linux.go).
 package dataplane
