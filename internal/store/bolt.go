@@ -41,7 +41,7 @@ type Bolt struct {
 	db         *bolt.DB
 	path       string
 	checkPools bool
-	group      groupCommit // attachment writes, the ones every ADD and DEL makes
+	group      groupCommit // attachment and meta writes, the ones every ADD and DEL makes
 	commits    atomic.Uint64
 }
 
@@ -343,8 +343,12 @@ func (s *Bolt) ListAttachments(ctx context.Context) ([]Attachment, error) {
 	return out, err
 }
 
+// PutMeta writes (nil: deletes) one entry of kind. Concurrent writes share
+// commits, as attachment writes do: pod networks write a durable record
+// before each attach's plugins run, and eight attaches at once would
+// otherwise queue for eight commits of two fsyncs each.
 func (s *Bolt) PutMeta(ctx context.Context, kind, key string, value []byte) error {
-	return update(s.db, &s.commits, func(tx *bolt.Tx) error {
+	return s.group.update(func(tx *bolt.Tx) error {
 		sub, err := tx.Bucket(bucketMeta).CreateBucketIfNotExists([]byte(kind))
 		if err != nil {
 			return err

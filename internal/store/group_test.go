@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -168,5 +169,50 @@ func TestGroupCommitConcurrent(t *testing.T) {
 	_ = g.db.View(func(tx *bolt.Tx) error { n = tx.Bucket([]byte("b")).Stats().KeyN; return nil })
 	if n != 200 {
 		t.Errorf("%d keys stored, want 200", n)
+	}
+}
+
+// TestPutMetaGrouped: meta writes that arrive while a commit runs share
+// the next one (pod networks' records are meta entries, one durable write
+// before each attach's plugins run), and each is stored.
+func TestPutMetaGrouped(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- s.group.update(func(tx *bolt.Tx) error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	before := s.Commits()
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Go(func() { errs[i] = s.PutMeta(ctx, "pod", fmt.Sprint("p", i), []byte("rec")) })
+	}
+	var once sync.Once
+	releaseAll := func() { once.Do(func() { close(release) }) }
+	defer func() { releaseAll(); wg.Wait() }() // writers that never queued end too
+	waitQueued(t, &s.group, len(errs))
+	releaseAll()
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("writer %d: %v", i, err)
+		}
+		if v, err := s.GetMeta(ctx, "pod", fmt.Sprint("p", i)); err != nil || string(v) != "rec" {
+			t.Errorf("p%d: %q, %v", i, v, err)
+		}
+	}
+	// The held commit, then one for the six.
+	if n := s.Commits() - before; n != 2 {
+		t.Errorf("%d commits for the held one and six queued meta writes, want 2", n)
 	}
 }
