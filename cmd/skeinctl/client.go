@@ -10,36 +10,26 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/api/rpcwire"
 )
 
 // withAdmin connects to skeind, runs call with a context bounded by
 // --timeout, and turns a failure into a message for the operator. Each
 // skeinctl invocation makes its calls over one connection, closed on return.
 func (a *app) withAdmin(ctx context.Context, call func(context.Context, rpc.AdminClient) error) error {
-	return a.withConn(ctx, a.timeout, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return a.withConn(ctx, a.timeout, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		return call(ctx, rpc.NewAdminClient(conn))
 	})
 }
 
 // withConn is withAdmin for any of skeind's services, bounded by timeout.
-func (a *app) withConn(ctx context.Context, timeout time.Duration, call func(context.Context, *grpc.ClientConn) error) error {
-	// The socket path goes to the dialer as is, not through a "unix://"
-	// target, so no path needs URL escaping and relative paths work.
-	socket := a.socket
-	conn, err := grpc.NewClient("passthrough:///skeind",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		}),
-	)
-	if err != nil {
-		return fmt.Errorf("connect to skeind at %s: %w", socket, err)
-	}
+// The calls go in skeind's framed unary protocol (package rpcwire: no
+// HTTP/2 set-up), or over gRPC to a skeind older than it.
+func (a *app) withConn(ctx context.Context, timeout time.Duration, call func(context.Context, grpc.ClientConnInterface) error) error {
+	conn := rpcwire.Dial(a.socket)
 	defer conn.Close()
 
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -32,7 +32,7 @@ func (a *app) podCallTimeout(cmd *cobra.Command) time.Duration {
 }
 
 func (a *app) withPods(cmd *cobra.Command, timeout time.Duration, call func(context.Context, rpc.PodsClient) error) error {
-	return a.withConn(cmd.Context(), timeout, func(ctx context.Context, conn *grpc.ClientConn) error {
+	return a.withConn(cmd.Context(), timeout, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		return call(ctx, rpc.NewPodsClient(conn))
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -39,22 +40,37 @@ const sniffTimeout = 5 * time.Second
 // server (gRPC): Listener returns the connections that are not ours, their
 // first bytes replayed. Close it to stop both.
 type Split struct {
-	l     net.Listener
-	run   RunHandler
-	other chan net.Conn
-	idle  chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-	calls sync.WaitGroup
+	l      net.Listener
+	run    RunHandler
+	routes []Route
+	other  chan net.Conn
+	idle   chan net.Conn
+	done   chan struct{}
+	once   sync.Once
+	calls  sync.WaitGroup
 	// base ends calls in flight when Close is called with Abort.
 	base   context.Context
 	cancel context.CancelFunc
 	err    error // the Accept error that ended the loop
 }
 
-// NewSplit starts accepting on l: the CNI binaries' execs go to run.
-func NewSplit(l net.Listener, run RunHandler) *Split {
-	s := &Split{l: l, run: run, other: make(chan net.Conn), done: make(chan struct{}), idle: make(chan net.Conn)}
+// Route sends the connections that open with Magic (as long as
+// cnirun.RequestMagic) to Serve, on the goroutine that read it, Magic
+// read and the rest of what was read in r. Serve closes the connection.
+type Route struct {
+	Magic string
+	Serve func(c net.Conn, r *bufio.Reader)
+}
+
+// NewSplit starts accepting on l: the CNI binaries' execs go to run, the
+// connections of routes to theirs.
+func NewSplit(l net.Listener, run RunHandler, routes ...Route) *Split {
+	for _, r := range routes {
+		if len(r.Magic) != magicLength {
+			panic("cniwire: a route's magic must be " + strconv.Itoa(magicLength) + " bytes long")
+		}
+	}
+	s := &Split{l: l, run: run, routes: routes, other: make(chan net.Conn), done: make(chan struct{}), idle: make(chan net.Conn)}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	go s.accept()
 	return s
@@ -125,6 +141,13 @@ func (s *Split) sniff(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
+	for _, r := range s.routes {
+		if err == nil && string(first) == r.Magic {
+			br.Discard(magicLength)
+			r.Serve(c, br)
+			return
+		}
+	}
 	select {
 	case s.other <- &peeked{Conn: c, r: br}:
 	case <-s.done:

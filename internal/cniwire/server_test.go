@@ -1,6 +1,7 @@
 package cniwire
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -125,5 +126,55 @@ func TestSplitRunsExecs(t *testing.T) {
 	rep, err := execOn(sock, cnirun.Request{TimeoutMS: 3000, Service: "svc", Stdin: []byte("in")})
 	if err != nil || rep.Exit != 2 || string(rep.Stdout) != "svc:in" {
 		t.Fatalf("reply %+v, %v", rep, err)
+	}
+}
+
+// TestSplitRoute: a connection that opens with a route's magic goes to
+// the route, the bytes after the magic in its reader; CNI execs and
+// others go where they did.
+func TestSplitRoute(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	s := NewSplit(l, func(ctx context.Context, req cnirun.Request) cnirun.Reply {
+		return cnirun.Reply{Stdout: []byte("cni")}
+	}, Route{Magic: "ROUTE-TEST/1", Serve: func(c net.Conn, r *bufio.Reader) {
+		defer c.Close()
+		b, _ := io.ReadAll(r)
+		got <- string(b)
+	}})
+	defer s.Close()
+	go func() {
+		c, err := s.Listener().Accept()
+		if err == nil {
+			got <- "other"
+			c.Close()
+		}
+	}()
+
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("ROUTE-TEST/1 and the rest"))
+	c.(*net.UnixConn).CloseWrite()
+	if g := <-got; g != " and the rest" {
+		t.Errorf("the route got %q, want the bytes after its magic", g)
+	}
+	c.Close()
+	if rep, err := execOn(sock, cnirun.Request{Service: "s"}); err != nil || string(rep.Stdout) != "cni" {
+		t.Errorf("a CNI exec beside the route: %+v %v", rep, err)
+	}
+	c, err = net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("PRI * HTTP/2.0\r\n"))
+	if g := <-got; g != "other" {
+		t.Errorf("a gRPC connection went to %q", g)
 	}
 }

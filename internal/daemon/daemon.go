@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/api/rpcwire"
 	"github.com/skeinnet/skein/internal/cniwire"
 	"github.com/skeinnet/skein/internal/cniwire/wireserver"
 	"github.com/skeinnet/skein/internal/dataplane"
@@ -149,9 +150,11 @@ type Daemon struct {
 
 	grpc *grpc.Server
 	// wire: the services the short path serves (RegisterCNIMethods);
-	// split shares the socket between it and gRPC.
+	// split shares the socket between it, gRPC and frames, which serves
+	// every registered service's unary methods without HTTP/2.
 	wire    map[string]rpc.CNIMethods
 	split   *cniwire.Split
+	frames  *rpcwire.Server
 	onStop  []func()
 	http    *http.Server
 	closeMu sync.Mutex
@@ -248,18 +251,28 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("pod networks: %w", err)
 	}
 	d.grpc = grpc.NewServer()
+	d.frames = rpcwire.NewServer()
 	cs := &cniServer{d: d}
-	rpc.RegisterCNIServer(d.grpc, cs)
+	rpc.RegisterCNIServer(d.GRPC(), cs)
 	d.wire = map[string]rpc.CNIMethods{}
 	d.RegisterCNIMethods(rpc.CNI_ServiceDesc.ServiceName, cs)
-	rpc.RegisterAdminServer(d.grpc, &adminServer{d: d})
-	rpc.RegisterPodsServer(d.grpc, &podsServer{d: d})
+	rpc.RegisterAdminServer(d.GRPC(), &adminServer{d: d})
+	rpc.RegisterPodsServer(d.GRPC(), &podsServer{d: d})
 	return d, nil
 }
 
-// GRPC is the server behind the socket; front doors in other packages
-// register their services on it before Serve.
-func (d *Daemon) GRPC() *grpc.Server { return d.grpc }
+// GRPC is where services are registered, before Serve: front doors in
+// other packages register theirs there. Each is served over gRPC and over
+// the framed unary path (package rpcwire) alike.
+func (d *Daemon) GRPC() grpc.ServiceRegistrar { return both{d.grpc, d.frames} }
+
+// both registers a service on two servers.
+type both [2]grpc.ServiceRegistrar
+
+func (b both) RegisterService(desc *grpc.ServiceDesc, impl any) {
+	b[0].RegisterService(desc, impl)
+	b[1].RegisterService(desc, impl)
+}
 
 // RegisterCNIMethods serves m's methods (a service registered on the gRPC
 // server) as /<service>/<Method> on the CNI binaries' short path too
@@ -365,7 +378,8 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}()
 	// The CNI binaries' short path and gRPC share the socket.
 	d.closeMu.Lock()
-	d.split = cniwire.NewSplit(l, wireserver.RunHandler(d.wire))
+	d.split = cniwire.NewSplit(l, wireserver.RunHandler(d.wire),
+		cniwire.Route{Magic: rpcwire.Magic, Serve: d.frames.Serve})
 	d.closeMu.Unlock()
 	go func() { errc <- d.grpc.Serve(d.split.Listener()) }()
 	d.log.Info("skeind serving", "socket", d.cfg.Socket, "metrics", d.cfg.MetricsAddr, "node", d.cfg.Node,
@@ -401,15 +415,17 @@ func (d *Daemon) Close() error {
 		}
 	}
 	if d.split != nil {
-		// The short path's calls in flight, on the same terms.
+		// The short paths' calls in flight, on the same terms.
 		d.split.Close()
+		d.frames.Close()
 		waited := make(chan struct{})
-		go func() { d.split.Wait(); close(waited) }()
+		go func() { d.split.Wait(); d.frames.Wait(); close(waited) }()
 		select {
 		case <-waited:
 		case <-time.After(10 * time.Second):
 			d.log.Warn("short-path calls still running after 10s; canceling them")
 			d.split.Abort()
+			d.frames.Abort()
 			<-waited
 		}
 	}

@@ -19,8 +19,8 @@ type Host interface {
 	Store() store.Store
 	// Logger is the daemon's logger.
 	Logger() *slog.Logger
-	// GRPC is the server the VM service registers on, before it serves.
-	GRPC() *grpc.Server
+	// GRPC is where the VM service registers, before skeind serves.
+	GRPC() grpc.ServiceRegistrar
 	// RegisterCNIMethods serves the same service on the CNI binaries'
 	// short path (internal/cniwire).
 	RegisterCNIMethods(service string, m rpc.CNIMethods)

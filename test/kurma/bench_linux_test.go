@@ -55,7 +55,8 @@ type benchEnv struct {
 	pod   *harness.NS
 	cni   *libcni.CNIConfig // finds skein and the reference plugins
 	meta  *libcni.NetworkConfigList
-	pods  rpc.PodsClient
+	pods  rpc.PodsClient // in skeind's framed protocol (package rpcwire)
+	grpc  rpc.PodsClient // over gRPC
 	ptp   archive
 	state string
 }
@@ -75,6 +76,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	e.cni = e.d.CNI()
 	e.meta = metaList(b, e.d)
 	e.pods = pods(b, e.d)
+	e.grpc = podsGRPC(b, e.d)
 	return e
 }
 
@@ -165,6 +167,12 @@ func BenchmarkKurmaAttach(b *testing.B) {
 				must("pods attach", err)
 			},
 			func(id string) { _, err := e.pods.Detach(c, &rpc.PodRef{Id: id}); must("pods detach", err) }},
+		{"image-api-grpc",
+			func(id string) {
+				_, err := e.grpc.Attach(c, &rpc.PodAttachRequest{Id: id, Netns: e.pod.Path(), Networks: []*rpc.PodNetwork{{Network: "ka", Ifname: "eth0"}}})
+				must("pods attach over gRPC", err)
+			},
+			func(id string) { _, err := e.grpc.Detach(c, &rpc.PodRef{Id: id}); must("pods detach over gRPC", err) }},
 		{"direct",
 			func(id string) {
 				_, err := e.cni.AddNetworkList(c, direct, skeintest.RT(id, e.pod.Path(), "eth0"))
@@ -181,9 +189,10 @@ func BenchmarkKurmaAttach(b *testing.B) {
 		e.inNode(b, func() error { runSteps(l, i, fmt.Sprintf("bench-%d", i), steps); return nil })
 	}
 	b.StopTimer()
-	l.report(b, "image-cni", "image-api", "direct")
+	l.report(b, "image-cni", "image-api", "image-api-grpc", "direct")
 	b.ReportMetric(ms(median(l["image-cni"])-median(l["direct"])), "cni-overhead-ms")
 	b.ReportMetric(ms(median(l["image-api"])-median(l["direct"])), "api-overhead-ms")
+	b.ReportMetric(ms(median(l["image-api-grpc"])-median(l["direct"])), "api-grpc-overhead-ms")
 	b.ReportMetric(float64(mounts(b)), "mounts")
 }
 
@@ -234,6 +243,15 @@ func BenchmarkKurmaAttachParallel(b *testing.B) {
 				must("pods attach", err)
 			},
 			func(id, _ string) { _, err := e.pods.Detach(c, &rpc.PodRef{Id: id}); must("pods detach", err) }},
+		{"image-api-grpc",
+			func(id, p string) {
+				_, err := e.grpc.Attach(c, &rpc.PodAttachRequest{Id: id, Netns: p, Networks: []*rpc.PodNetwork{{Network: "ka", Ifname: "eth0"}}})
+				must("pods attach over gRPC", err)
+			},
+			func(id, _ string) {
+				_, err := e.grpc.Detach(c, &rpc.PodRef{Id: id})
+				must("pods detach over gRPC", err)
+			}},
 		{"direct",
 			func(id, p string) {
 				_, err := e.cni.AddNetworkList(c, direct, skeintest.RT(id, p, "eth0"))
@@ -281,8 +299,9 @@ func BenchmarkKurmaAttachParallel(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	l.report(b, "image-cni", "image-api", "direct")
+	l.report(b, "image-cni", "image-api", "image-api-grpc", "direct")
 	b.ReportMetric(float64(median(l["image-api"]))/float64(median(l["direct"])), "api/direct")
+	b.ReportMetric(float64(median(l["image-api-grpc"]))/float64(median(l["direct"])), "api-grpc/direct")
 	b.ReportMetric(float64(median(l["image-cni"]))/float64(median(l["direct"])), "cni/direct")
 	b.ReportMetric(float64(mounts(b)), "mounts")
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/api/rpcwire"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -149,8 +150,16 @@ func annotated(id, netnsPath, networks string) *libcni.RuntimeConf {
 	return rt
 }
 
-// pods returns a client of skeind's Pods service.
+// pods returns a client of skeind's Pods service in skeind's framed
+// protocol (package rpcwire), as skeinctl and Go runtimes call it.
 func pods(t testing.TB, d *skeintest.Daemon) rpc.PodsClient {
+	conn := rpcwire.Dial(d.Socket)
+	t.Cleanup(func() { conn.Close() })
+	return rpc.NewPodsClient(conn)
+}
+
+// podsGRPC returns a client of skeind's Pods service over gRPC.
+func podsGRPC(t testing.TB, d *skeintest.Daemon) rpc.PodsClient {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+d.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/skeinnet/skein/api/rpc"
 	skeincni "github.com/skeinnet/skein/internal/cni"
@@ -159,6 +161,17 @@ func TestPodThreeNetworks(t *testing.T) {
 	if err != nil || len(st.Attachments) != 3 {
 		t.Errorf("pod A status: %v %v", st, err)
 	}
+	// The Pods API answers alike in skeind's framed protocol and over
+	// gRPC, errors included.
+	if g, err := podsGRPC(t, d).Status(ctx(t), &rpc.PodRef{Id: "pod-a-0001"}); err != nil || !proto.Equal(g, st) {
+		t.Errorf("pod A status over gRPC: %v %v, framed: %v", g, err, st)
+	}
+	bad := &rpc.PodAttachRequest{Id: "pod-x-0009", Netns: podA.Path(), Networks: []*rpc.PodNetwork{{Network: "nosuch", Ifname: "net5"}}}
+	_, errW := pods(t, d).Attach(ctx(t), bad)
+	_, errG := podsGRPC(t, d).Attach(ctx(t), bad)
+	if sw, sg := status.Convert(errW), status.Convert(errG); errW == nil || sw.Code() != sg.Code() || sw.Message() != sg.Message() || !strings.Contains(sw.Message(), "nosuch") {
+		t.Errorf("an unknown network: framed %v, gRPC %v: want the same error naming it", errW, errG)
+	}
 
 	// An unknown network: a clear error, nothing attached.
 	podC := harness.NewNS(t, "pod")
@@ -172,7 +185,7 @@ func TestPodThreeNetworks(t *testing.T) {
 	// Pod D is attached through skeind's API (as skeinctl pod attach
 	// does), not through CNI: a CNI GC must leave it alone.
 	podD := harness.NewNS(t, "pod")
-	if _, err := pods(t, d).Attach(ctx(t), &rpc.PodAttachRequest{Id: "pod-d-0004", Netns: podD.Path(), Networks: []*rpc.PodNetwork{{Network: "blue", Ifname: "net1"}}}); err != nil {
+	if _, err := podsGRPC(t, d).Attach(ctx(t), &rpc.PodAttachRequest{Id: "pod-d-0004", Netns: podD.Path(), Networks: []*rpc.PodNetwork{{Network: "blue", Ifname: "net1"}}}); err != nil {
 		t.Fatalf("attach pod D: %v", err)
 	}
 
