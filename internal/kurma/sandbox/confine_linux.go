@@ -166,3 +166,14 @@ func seccompFilter() ([]byte, error) {
 	}
 	return raw, nil
 }
+
+// effectiveCap reports whether the calling thread has capability c in its
+// effective set.
+func effectiveCap(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(c%32)) != 0
+}

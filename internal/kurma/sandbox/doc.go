@@ -139,6 +139,13 @@
 // directory that does not propagate mounts) makes the call start cold.
 // Close stops them. The Supervisor's main execs always start cold.
 //
+// An init started ahead (warm or prepared, below) starts, builds and waits
+// at nice 19, and its main thread — the one that execs the call — gets
+// nice 0 back when a call claims it, before it reads the spec. A burst of
+// calls refills the inits it took while its later calls still run; at the
+// default priority the refills took the CPU from them. Lowering a nice
+// value takes CAP_SYS_NICE, so without it inits start at the default.
+//
 // A warm init is also moved into its call's cgroups while it waits. That
 // matters on cgroup v1: every move into a cgroup waits for an RCU grace
 // period (the kernel's cgroup_threadgroup_rwsem), several milliseconds on

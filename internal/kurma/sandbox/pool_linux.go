@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
+	"golang.org/x/sys/unix"
 )
 
 // A cold start pays, on the call's path, for starting the init (fork, exec,
@@ -30,6 +31,13 @@ import (
 // errStale: a warm init died while it waited, or its copy of the host's
 // mounts lacks one made since (sandboxinit.Spec.Expect); start cold instead.
 var errStale = errors.New("warm sandbox init gone")
+
+// aheadNice is the nice value of an init started ahead of need while it
+// starts, builds and waits. A burst of calls refills the inits it took
+// while its later calls still run; at the default the refills took CPU
+// from them (8 attaches at once: 1.18–1.29 × direct ptp's time, 1.10–1.14
+// × niced; docs/benchmarks/kurma.md).
+const aheadNice = 19
 
 type pool struct {
 	sb    *Sandbox
@@ -59,6 +67,9 @@ type warmInit struct {
 	// when the caller closes it after the call, not on the exit path the
 	// call waits for.
 	mntns *os.File
+	// niced: started at aheadNice (its main thread, which execs the
+	// call).
+	niced bool
 }
 
 // holdMounts opens the mount namespace of w's init (see warmInit.mntns).
@@ -205,6 +216,13 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 		return fail(fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err))
 	}
 	w.cmd = cmd
+	// Starting ahead runs behind the calls under way: the init's main
+	// thread (which starts the runtime, builds a prepared layout, and
+	// execs the call) takes the CPU only when no call wants it, and
+	// gets the default back when claimed.
+	if s.canNice && unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, aheadNice) == nil {
+		w.niced = true
+	}
 	w.holdMounts()
 	return reads, nil
 }
@@ -219,6 +237,15 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 	if err != nil {
 		w.discard()
 		return nil, fmt.Errorf("encode sandbox spec: %w", err)
+	}
+	if w.niced {
+		// The call runs at the default priority: the init's main
+		// thread (its package init locks it, and it execs) gets 0
+		// back, before it reads the spec.
+		if err := unix.Setpriority(unix.PRIO_PROCESS, w.cmd.Process.Pid, 0); err != nil {
+			w.discard()
+			return nil, errStale
+		}
 	}
 	if _, err := w.spec.Write(raw); err != nil {
 		w.discard()

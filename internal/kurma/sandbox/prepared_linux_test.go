@@ -267,3 +267,36 @@ func TestPreparedBuildFails(t *testing.T) {
 		t.Errorf("the layout was prepared %d times; want at most once until a call of it works", n)
 	}
 }
+
+// TestPreparedNice: a prepared init builds and waits at aheadNice, so
+// refilling after a burst does not compete with the burst's calls; the
+// call it serves runs at the default priority.
+func TestPreparedNice(t *testing.T) {
+	e := newPreparedEnv(t, Options{})
+	if !e.sb.canNice {
+		t.Skip("skeind's side lacks CAP_SYS_NICE here: prepared inits build at the default priority")
+	}
+	spec := e.spec(`{"mode":"probe"}`)
+	key := e.waitPrepared(t, spec)
+	for _, w := range e.preparedInits(key) {
+		n, err := unix.Getpriority(unix.PRIO_PROCESS, w.cmd.Process.Pid)
+		// The raw system call answers 20 - nice.
+		if err != nil || 20-n != aheadNice {
+			t.Errorf("prepared init %d: nice %d (%v), want %d", w.cmd.Process.Pid, 20-n, err, aheadNice)
+		}
+	}
+	for i := range 3 {
+		res, how := e.startedAs(t, spec)
+		if how != "prepared" {
+			t.Fatalf("call %d started %s, want prepared", i, how)
+		}
+		var r probeReport
+		if err := json.Unmarshal(res.Stdout, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Nice != 0 {
+			t.Errorf("call %d ran at nice %d, want 0", i, r.Nice)
+		}
+		e.waitPrepared(t, spec)
+	}
+}

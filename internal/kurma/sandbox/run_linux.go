@@ -37,6 +37,9 @@ type Sandbox struct {
 	// an architecture without one.
 	seccomp []byte
 	caps    uint64 // Options.Capabilities as a mask
+	// canNice: this process may lower a nice value (CAP_SYS_NICE), so
+	// inits started ahead wait at aheadNice and get 0 back when claimed.
+	canNice bool
 	// initExe is what starts an init: Options.InitPath, or the binary
 	// that was there when New ran, held open as initFile (see pinInit).
 	initExe  string
@@ -71,6 +74,7 @@ func New(o Options) (*Sandbox, error) {
 	if err := s.confine(); err != nil {
 		return nil, err
 	}
+	s.canNice = effectiveCap(unix.CAP_SYS_NICE)
 	s.pool = newPool(s, o.Prestart)
 	s.pool.refill()
 	s.prepared = newPrepared(s, o.Prestart)

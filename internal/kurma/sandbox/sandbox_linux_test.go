@@ -46,6 +46,7 @@ type probeReport struct {
 	Mountinfo     string   `json:"mountinfo"`
 	SelfNetIno    uint64   `json:"selfNetIno"`
 	SysLinks      []string `json:"sysLinks"`
+	Nice          int      `json:"nice"`
 }
 
 // TestSandboxLayout runs a probe plugin and checks what it sees: the
@@ -81,6 +82,10 @@ func TestSandboxLayout(t *testing.T) {
 		wantEnv := []string{BaseEnv[0], "HOME=/root", "SKEIN_NETWORK=mynet"}
 		if !slices.Equal(r.Env, wantEnv) {
 			t.Errorf("environment = %q, want %q (BaseEnv, HOME overridden, one added)", r.Env, wantEnv)
+		}
+		if r.Nice != 0 {
+			// An init started ahead waits at aheadNice; the call not.
+			t.Errorf("the call ran at nice %d, want 0", r.Nice)
 		}
 		if r.PID != 1 || !slices.Equal(r.Procs, []string{"1"}) {
 			t.Errorf("pid %d, processes in /proc %v; want pid 1 alone in a fresh /proc", r.PID, r.Procs)
