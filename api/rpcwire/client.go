@@ -90,6 +90,9 @@ func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts 
 	if err != nil {
 		return status.Errorf(codes.Internal, "rpcwire: marshal the request: %v", err)
 	}
+	if len(method) == 0 || len(method) > maxMethod {
+		return status.Errorf(codes.Internal, "rpcwire: a method name of %d bytes", len(method))
+	}
 	if len(msg)+len(method)+64 > MaxRequest {
 		return status.Errorf(codes.ResourceExhausted, "rpcwire: a request of %d bytes is over the limit of %d", len(msg), MaxRequest)
 	}
@@ -108,19 +111,28 @@ func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts 
 				return lerr
 			}
 			return g.Invoke(ctx, method, args, reply, opts...)
-		case errors.Is(err, errNotSent) && reused && attempt == 0:
+		case errors.Is(err, errNotSent) && reused && attempt <= maxIdle:
 			// An idle connection the server closed (skeind restarted,
-			// say): nothing was sent, so the call may go on a new one.
+			// say), and so are the others kept with it. The request
+			// never reached the server whole, so it goes again, on a
+			// connection dialled now.
 			cc.c.Close()
+			c.dropIdle()
 			continue
+		case errors.Is(err, errNotSent):
+			cc.c.Close()
+			return status.Errorf(codes.Unavailable, "rpcwire: send to skeind at %s: %v", c.socket, err)
 		default:
 			cc.c.Close()
 			return err
 		}
+		// Decode before the connection goes back: the status and the
+		// message are in its buffer.
 		if len(st) > 0 {
-			c.put(cc)
 			var sp spb.Status
-			if err := proto.Unmarshal(st, &sp); err != nil {
+			err := proto.Unmarshal(st, &sp)
+			c.put(cc)
+			if err != nil {
 				return status.Errorf(codes.Internal, "rpcwire: malformed status from skeind: %v", err)
 			}
 			return status.ErrorProto(&sp)
@@ -213,6 +225,17 @@ func (c *Conn) get(ctx context.Context) (_ *clientConn, reused bool, _ error) {
 	return &clientConn{c: nc, r: bufio.NewReader(nc)}, false, nil
 }
 
+// dropIdle closes the idle connections.
+func (c *Conn) dropIdle() {
+	c.mu.Lock()
+	idle := c.idle
+	c.idle = nil
+	c.mu.Unlock()
+	for _, cc := range idle {
+		cc.c.Close()
+	}
+}
+
 // put keeps cc for a later call.
 func (c *Conn) put(cc *clientConn) {
 	c.mu.Lock()
@@ -264,7 +287,9 @@ func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method stri
 	return nil, status.Errorf(codes.Unimplemented, "rpcwire: %s is a stream, which this protocol does not carry: use gRPC", method)
 }
 
-// Close closes the idle connections; calls in flight end with errors.
+// Close closes the idle connections and the gRPC fallback's; calls in
+// flight on this protocol complete, and their connections are closed
+// then.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

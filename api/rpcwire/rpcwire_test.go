@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,6 +55,9 @@ func (p *pods) Attach(ctx context.Context, in *rpc.PodAttachRequest) (*rpc.PodSt
 		return nil, st.Err()
 	case "plain":
 		return nil, errors.New("a plain error")
+	case "big":
+		// A reply larger than a socket's buffers.
+		return &rpc.PodStatus{Id: in.Id, Netns: strings.Repeat("x", 4<<20)}, nil
 	}
 	out := &rpc.PodStatus{Id: in.Id, Netns: in.Netns}
 	for _, n := range in.Networks {
@@ -246,6 +250,8 @@ func TestHeldCallCompletes(t *testing.T) {
 	}
 }
 
+// Concurrent calls, successes and failures mixed: each gets its own
+// answer (a failure's status is decoded before its connection is reused).
 func TestConcurrent(t *testing.T) {
 	s := serve(t, "")
 	conn := Dial(s.sock)
@@ -255,6 +261,14 @@ func TestConcurrent(t *testing.T) {
 	for g := range 16 {
 		wg.Go(func() {
 			for i := range 40 {
+				if (g+i)%2 == 0 {
+					_, err := attach(context.Background(), c, "fail")
+					if st := status.Convert(err); st.Code() != codes.FailedPrecondition || len(st.Details()) != 1 {
+						t.Errorf("a failing call: got %v (%d details)", err, len(st.Details()))
+						return
+					}
+					continue
+				}
 				id := fmt.Sprintf("g%d-%d", g, i)
 				got, err := attach(context.Background(), c, id)
 				if err != nil {
@@ -279,8 +293,8 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
-// A server restarted on the same socket: the idle connection the client
-// kept is dead, and the call goes on a new one.
+// A server restarted on the same socket: the idle connections the client
+// kept are dead, and the call goes on a new one.
 func TestRestartedServer(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "s.sock")
@@ -288,8 +302,22 @@ func TestRestartedServer(t *testing.T) {
 	conn := Dial(sock)
 	defer conn.Close()
 	c := rpc.NewPodsClient(conn)
-	if _, err := attach(context.Background(), c, "one"); err != nil {
-		t.Fatal(err)
+	// Three calls at once leave three idle connections.
+	errc := make(chan error, 3)
+	for range 3 {
+		go func() { _, err := attach(context.Background(), c, "hold"); errc <- err }()
+	}
+	for range 3 {
+		<-s.pods.started
+	}
+	close(s.pods.hold)
+	for range 3 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(conn.idle); n != 3 {
+		t.Fatalf("%d idle connections, want 3", n)
 	}
 	s.stop()
 	s2 := serve(t, sock)
@@ -383,6 +411,46 @@ func TestBadFrames(t *testing.T) {
 				t.Errorf("got a reply %q", got)
 			}
 		})
+	}
+}
+
+// A client that asks for a large reply and stops reading: Abort frees the
+// server (Wait returns) rather than leave its write blocked.
+func TestAbortFreesStuckReply(t *testing.T) {
+	s := serve(t, "")
+	c, err := net.Dial("unix", s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg, _ := proto.Marshal(&rpc.PodAttachRequest{Id: "big"})
+	if _, err := c.Write(appendRequest([]byte(Magic), 0, "/skein.v1.Pods/Attach", msg)); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the server is busy with it, then stop it.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.srv.mu.Lock()
+		busy := false
+		for sc := range s.srv.conns {
+			busy = busy || sc.busy
+		}
+		s.srv.mu.Unlock()
+		if busy {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the server never took the call")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	s.srv.Close()
+	s.srv.Abort()
+	waited := make(chan struct{})
+	go func() { s.srv.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait still blocked 5 s after Abort: a reply no one reads holds the server")
 	}
 }
 

@@ -14,9 +14,15 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// IdleTimeout is how long a server keeps a connection that carries no
-// call; a client reuses one for less (clientIdle).
-const IdleTimeout = 5 * time.Minute
+const (
+	// IdleTimeout is how long a server keeps a connection that carries
+	// no call; a client reuses one for less (clientIdle).
+	IdleTimeout = 5 * time.Minute
+	// replyTimeout bounds writing a reply to a client that does not read.
+	replyTimeout = time.Minute
+	// keepBuffer is the largest buffer a connection keeps between calls.
+	keepBuffer = 1 << 20
+)
 
 // Server serves the unary methods of the services registered on it
 // (register each on the gRPC server too: it is a grpc.ServiceRegistrar).
@@ -106,8 +112,10 @@ func (s *Server) Serve(c net.Conn, r *bufio.Reader) {
 			out = append(out, Magic...)
 			greeted = true
 		}
-		out, ok := s.call(c, r, req, out)
+		var ok bool
+		out, ok = s.call(c, r, req, out)
 		if ok {
+			c.SetWriteDeadline(time.Now().Add(replyTimeout))
 			_, err = c.Write(out)
 		}
 		s.mu.Lock()
@@ -117,6 +125,12 @@ func (s *Server) Serve(c net.Conn, r *bufio.Reader) {
 		s.calls.Done()
 		if !ok || err != nil || closed {
 			return
+		}
+		if cap(in) > keepBuffer {
+			in = nil
+		}
+		if cap(out) > keepBuffer {
+			out = nil
 		}
 	}
 }
@@ -215,8 +229,16 @@ func (s *Server) Close() {
 	}
 }
 
-// Abort cancels the calls in flight.
-func (s *Server) Abort() { s.cancel() }
+// Abort cancels the calls in flight and closes every connection, so that
+// no reply is left waiting for a client that does not read.
+func (s *Server) Abort() {
+	s.cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sc := range s.conns {
+		sc.c.Close()
+	}
+}
 
 // Wait waits for the calls in flight.
 func (s *Server) Wait() { s.calls.Wait() }

@@ -38,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // Magic opens a connection in each direction. It is as long as the CNI
@@ -71,26 +72,33 @@ type request struct {
 	msg       []byte
 }
 
-// readFrame reads one length-prefixed frame's body into buf (grown as
-// needed), refusing bodies over max.
-func readFrame(r io.Reader, buf []byte, max int) ([]byte, error) {
+// readFrame reads one length-prefixed frame's body into buf, refusing
+// bodies over limit. buf grows with the bytes that arrive, not with the
+// length announced, so a peer that announces much and sends little holds
+// little.
+func readFrame(r io.Reader, buf []byte, limit int) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return buf, err
+		return buf[:0], err
 	}
-	n := int(binary.BigEndian.Uint32(hdr[:]))
-	if n > max {
-		return buf, fmt.Errorf("rpcwire: frame of %d bytes is over the limit of %d", n, max)
+	size := binary.BigEndian.Uint32(hdr[:])
+	if uint64(size) > uint64(limit) {
+		return buf[:0], fmt.Errorf("rpcwire: frame of %d bytes is over the limit of %d", size, limit)
 	}
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	n := int(size)
+	buf = buf[:0]
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(n-len(buf), max(len(buf), 64<<10)))
 		}
-		return buf, err
+		m, err := r.Read(buf[len(buf):min(n, cap(buf))])
+		buf = buf[:len(buf)+m]
+		if err != nil && len(buf) < n {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return buf, err
+		}
 	}
 	return buf, nil
 }
@@ -127,8 +135,8 @@ func parseReply(b []byte) (status, msg []byte, err error) {
 	if len(b) < 4 {
 		return nil, nil, errMalformed
 	}
-	n := int(binary.BigEndian.Uint32(b))
-	if n > len(b)-4 {
+	n := binary.BigEndian.Uint32(b)
+	if uint64(n) > uint64(len(b)-4) {
 		return nil, nil, errMalformed
 	}
 	return b[4 : 4+n], b[4+n:], nil

@@ -403,6 +403,11 @@ func (d *Daemon) Close() error {
 		return nil
 	}
 	d.closed = true
+	// No new call on a kept framed connection from here on (idle ones
+	// close now, busy ones once their reply is out).
+	if d.frames != nil {
+		d.frames.Close()
+	}
 	if d.grpc != nil {
 		// Let calls in flight finish, but not forever.
 		stopped := make(chan struct{})
@@ -417,7 +422,6 @@ func (d *Daemon) Close() error {
 	if d.split != nil {
 		// The short paths' calls in flight, on the same terms.
 		d.split.Close()
-		d.frames.Close()
 		waited := make(chan struct{})
 		go func() { d.split.Wait(); d.frames.Wait(); close(waited) }()
 		select {
