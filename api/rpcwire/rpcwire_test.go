@@ -121,6 +121,14 @@ func (s *served) stop() {
 	s.wg.Wait()
 }
 
+// dial returns a Conn to sock, closed when the test ends, and a Pods
+// client on it.
+func dial(t *testing.T, sock string) (*Conn, rpc.PodsClient) {
+	conn := Dial(sock)
+	t.Cleanup(func() { conn.Close() })
+	return conn, rpc.NewPodsClient(conn)
+}
+
 func attach(ctx context.Context, c rpc.PodsClient, id string) (*rpc.PodStatus, error) {
 	return c.Attach(ctx, &rpc.PodAttachRequest{Id: id, Netns: "/run/netns/" + id,
 		Networks: []*rpc.PodNetwork{{Network: "a", Ifname: "eth0"}, {Network: "b", Ifname: "net1"}}})
@@ -128,9 +136,7 @@ func attach(ctx context.Context, c rpc.PodsClient, id string) (*rpc.PodStatus, e
 
 func TestCall(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	_, c := dial(t, s.sock)
 	for i := range 50 {
 		id := fmt.Sprintf("pod-%d", i)
 		got, err := attach(context.Background(), c, id)
@@ -150,9 +156,7 @@ func TestCall(t *testing.T) {
 
 func TestErrors(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	conn, c := dial(t, s.sock)
 
 	_, err := attach(context.Background(), c, "fail")
 	st := status.Convert(err)
@@ -182,9 +186,7 @@ func TestErrors(t *testing.T) {
 
 func TestDeadline(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	_, c := dial(t, s.sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	_, err := attach(ctx, c, "hold")
@@ -209,9 +211,7 @@ func TestDeadline(t *testing.T) {
 // server's call is canceled.
 func TestCancelReachesServer(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	_, c := dial(t, s.sock)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := attach(ctx, c, "hold"); errc <- err }()
@@ -234,9 +234,7 @@ func TestCancelReachesServer(t *testing.T) {
 // canceled by the reader that watches for a hang-up.
 func TestHeldCallCompletes(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	_, c := dial(t, s.sock)
 	errc := make(chan error, 1)
 	go func() { _, err := attach(context.Background(), c, "hold"); errc <- err }()
 	<-s.pods.started
@@ -254,9 +252,7 @@ func TestHeldCallCompletes(t *testing.T) {
 // answer (a failure's status is decoded before its connection is reused).
 func TestConcurrent(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	conn, c := dial(t, s.sock)
 	var wg sync.WaitGroup
 	for g := range 16 {
 		wg.Go(func() {
@@ -299,9 +295,7 @@ func TestRestartedServer(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "s.sock")
 	s := serve(t, sock)
-	conn := Dial(sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	conn, c := dial(t, sock)
 	// Three calls at once leave three idle connections.
 	errc := make(chan error, 3)
 	for range 3 {
@@ -341,9 +335,7 @@ func TestFallBackToGRPC(t *testing.T) {
 	rpc.RegisterPodsServer(g, &pods{})
 	go g.Serve(l)
 	defer g.Stop()
-	conn := Dial(sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	conn, c := dial(t, sock)
 	for _, id := range []string{"one", "two"} {
 		got, err := attach(context.Background(), c, id)
 		if err != nil {
@@ -458,9 +450,7 @@ func TestAbortFreesStuckReply(t *testing.T) {
 // takes no new call.
 func TestServerClose(t *testing.T) {
 	s := serve(t, "")
-	conn := Dial(s.sock)
-	defer conn.Close()
-	c := rpc.NewPodsClient(conn)
+	_, c := dial(t, s.sock)
 	if _, err := attach(context.Background(), c, "warm"); err != nil {
 		t.Fatal(err)
 	}
