@@ -13,8 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
 	"golang.org/x/sys/unix"
+
+	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
 )
 
 // A cold start pays, on the call's path, for starting the init (fork, exec,
