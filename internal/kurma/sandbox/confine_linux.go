@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -167,13 +168,26 @@ func seccompFilter() ([]byte, error) {
 	return raw, nil
 }
 
-// effectiveCap reports whether the calling thread has capability c in its
-// effective set.
-func effectiveCap(c int) bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return false
-	}
-	return data[c/32].Effective&(1<<(c%32)) != 0
+// canLowerNice reports whether this process may lower a thread's nice
+// value: whether it holds CAP_SYS_NICE where the kernel looks for it (in
+// the initial user namespace; a capability set inside a user namespace
+// says yes and the kernel no). It tries, on a thread of its own that ends
+// with the goroutine whatever its nice value then.
+func canLowerNice() bool {
+	ok := make(chan bool, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends here
+		prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+		nice := 20 - prio // the raw system call answers 20 - nice
+		if err != nil || nice >= aheadNice {
+			ok <- false
+			return
+		}
+		if unix.Setpriority(unix.PRIO_PROCESS, 0, nice+1) != nil {
+			ok <- false
+			return
+		}
+		ok <- unix.Setpriority(unix.PRIO_PROCESS, 0, nice) == nil
+	}()
+	return <-ok
 }

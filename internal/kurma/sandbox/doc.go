@@ -141,10 +141,12 @@
 //
 // An init started ahead (warm or prepared, below) starts, builds and waits
 // at nice 19, and its main thread — the one that execs the call — gets
-// nice 0 back when a call claims it, before it reads the spec. A burst of
-// calls refills the inits it took while its later calls still run; at the
-// default priority the refills took the CPU from them. Lowering a nice
-// value takes CAP_SYS_NICE, so without it inits start at the default.
+// back the nice value it started with (a cold call's) when a call claims
+// it, before it reads the spec. A burst of calls refills the inits it took
+// while its later calls still run; at the daemon's priority the refills
+// took the CPU from them. Lowering a nice value takes CAP_SYS_NICE in the
+// initial user namespace, which New tries; without it (in a user
+// namespace, say) inits start at the daemon's priority.
 //
 // A warm init is also moved into its call's cgroups while it waits. That
 // matters on cgroup v1: every move into a cgroup waits for an RCU grace

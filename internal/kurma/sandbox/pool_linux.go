@@ -69,8 +69,10 @@ type warmInit struct {
 	// call waits for.
 	mntns *os.File
 	// niced: started at aheadNice (its main thread, which execs the
-	// call).
-	niced bool
+	// call); baseNice is the nice value it had before, which the call
+	// gets back.
+	niced    bool
+	baseNice int
 }
 
 // holdMounts opens the mount namespace of w's init (see warmInit.mntns).
@@ -221,8 +223,13 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 	// thread (which starts the runtime, builds a prepared layout, and
 	// execs the call) takes the CPU only when no call wants it, and
 	// gets the default back when claimed.
-	if s.canNice && unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, aheadNice) == nil {
-		w.niced = true
+	if s.canNice {
+		// The raw system call answers 20 - nice.
+		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, cmd.Process.Pid); err == nil && 20-prio < aheadNice {
+			if unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, aheadNice) == nil {
+				w.niced, w.baseNice = true, 20-prio
+			}
+		}
 	}
 	w.holdMounts()
 	return reads, nil
@@ -240,10 +247,10 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 		return nil, fmt.Errorf("encode sandbox spec: %w", err)
 	}
 	if w.niced {
-		// The call runs at the default priority: the init's main
-		// thread (its package init locks it, and it execs) gets 0
-		// back, before it reads the spec.
-		if err := unix.Setpriority(unix.PRIO_PROCESS, w.cmd.Process.Pid, 0); err != nil {
+		// The call runs at the priority it would have started cold
+		// with: the init's main thread (its package init locks it, and
+		// it execs) gets its nice value back, before it reads the spec.
+		if err := unix.Setpriority(unix.PRIO_PROCESS, w.cmd.Process.Pid, w.baseNice); err != nil {
 			w.discard()
 			return nil, errStale
 		}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -274,7 +276,7 @@ func TestPreparedBuildFails(t *testing.T) {
 func TestPreparedNice(t *testing.T) {
 	e := newPreparedEnv(t, Options{})
 	if !e.sb.canNice {
-		t.Skip("skeind's side lacks CAP_SYS_NICE here: prepared inits build at the default priority")
+		t.Skip("this process cannot lower a nice value here (no CAP_SYS_NICE in the initial user namespace, or already at 19): inits started ahead are not reniced")
 	}
 	spec := e.spec(`{"mode":"probe"}`)
 	key := e.waitPrepared(t, spec)
@@ -285,6 +287,7 @@ func TestPreparedNice(t *testing.T) {
 			t.Errorf("prepared init %d: nice %d (%v), want %d", w.cmd.Process.Pid, 20-n, err, aheadNice)
 		}
 	}
+	own := ownNice(t)
 	for i := range 3 {
 		res, how := e.startedAs(t, spec)
 		if how != "prepared" {
@@ -294,9 +297,50 @@ func TestPreparedNice(t *testing.T) {
 		if err := json.Unmarshal(res.Stdout, &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Nice != 0 {
-			t.Errorf("call %d ran at nice %d, want 0", i, r.Nice)
+		if r.Nice != own {
+			t.Errorf("call %d ran at nice %d, want %d as this process", i, r.Nice, own)
 		}
 		e.waitPrepared(t, spec)
+	}
+}
+
+// ownNice is the nice value of the calling thread, which the threads that
+// start inits share.
+func ownNice(t *testing.T) int {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 20 - prio
+}
+
+// TestCanLowerNiceInUserNamespace: inside a user namespace the capability
+// set says CAP_SYS_NICE but the kernel refuses to lower a nice value, and
+// canLowerNice must say no (every claim of a reniced init would fail).
+func TestCanLowerNiceInUserNamespace(t *testing.T) {
+	if os.Getenv("SANDBOX_TEST_CANNICE") != "" {
+		// The child, in its user namespace.
+		if canLowerNice() {
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+	if !canLowerNice() {
+		t.Skip("this process cannot lower a nice value even outside a user namespace")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestCanLowerNiceInUserNamespace$")
+	cmd.Env = append(os.Environ(), "SANDBOX_TEST_CANNICE=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+	}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee) && ee.ExitCode() == 3:
+		t.Fatal("in a user namespace canLowerNice said yes; the kernel refuses it there")
+	case err != nil:
+		t.Fatalf("child in a user namespace: %v\n%s", err, out)
 	}
 }

@@ -37,8 +37,9 @@ type Sandbox struct {
 	// an architecture without one.
 	seccomp []byte
 	caps    uint64 // Options.Capabilities as a mask
-	// canNice: this process may lower a nice value (CAP_SYS_NICE), so
-	// inits started ahead wait at aheadNice and get 0 back when claimed.
+	// canNice: this process may lower a nice value (CAP_SYS_NICE in the
+	// initial user namespace), so inits started ahead wait at aheadNice
+	// and get their nice value back when claimed.
 	canNice bool
 	// initExe is what starts an init: Options.InitPath, or the binary
 	// that was there when New ran, held open as initFile (see pinInit).
@@ -74,7 +75,7 @@ func New(o Options) (*Sandbox, error) {
 	if err := s.confine(); err != nil {
 		return nil, err
 	}
-	s.canNice = effectiveCap(unix.CAP_SYS_NICE)
+	s.canNice = canLowerNice()
 	s.pool = newPool(s, o.Prestart)
 	s.pool.refill()
 	s.prepared = newPrepared(s, o.Prestart)

@@ -100,6 +100,10 @@ func MaybeRun() {
 	if len(os.Args) == 0 || os.Args[0] != Arg0 {
 		return
 	}
+	// Everything from here to the exec on the main thread (a package
+	// init runs there already): the sandbox renices that thread, by
+	// the process's ID, for the call.
+	runtime.LockOSThread()
 	raw, cold := os.LookupEnv(SpecEnv)
 	if os.Getenv(PreparedEnv) != "" {
 		runPrepared(raw)
