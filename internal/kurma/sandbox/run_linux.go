@@ -84,13 +84,19 @@ func New(o Options) (*Sandbox, error) {
 
 // pinInit opens the init binary once: every init of this Sandbox runs the
 // binary that was at InitPath when it was made, through the descriptor
-// (/proc/self/fd/N), whatever replaces the file later. The init speaks
+// (see below), whatever replaces the file later. The init speaks
 // the protocol of the skeind it came with (sandboxinit); an upgrade in
 // place that replaced both files while skeind runs would otherwise start
 // new inits that the running skeind does not understand. The re-executed
-// running binary (/proc/self/exe) is pinned already. The descriptor is
-// kept above the ones a child's ExtraFiles take, and lives as long as the
-// Sandbox (calls may start cold after Close).
+// running binary (/proc/self/exe) is pinned already. The descriptor lives
+// as long as the Sandbox (calls may start cold after Close).
+//
+// The child execs it as /proc/<skeind's PID>/fd/N, not /proc/self/fd/N:
+// between fork and exec the Go runtime moves descriptors in the child's
+// own table (its status pipe goes to the number above the highest one the
+// child is handed), so the child's N may be a pipe by then; skeind's table
+// is not touched. The lookup is skeind's own process under the same
+// credentials, which procfs allows.
 func (s *Sandbox) pinInit() error {
 	s.initExe = s.opts.InitPath
 	if s.opts.InitPath == "/proc/self/exe" {
@@ -106,7 +112,7 @@ func (s *Sandbox) pinInit() error {
 		return fmt.Errorf("sandbox init %s: %w", s.opts.InitPath, err)
 	}
 	s.initFile = os.NewFile(uintptr(fd), s.opts.InitPath)
-	s.initExe = fmt.Sprintf("/proc/self/fd/%d", fd)
+	s.initExe = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
 	return nil
 }
 
