@@ -160,16 +160,17 @@ func fill(c contender, sc *scope, prefix string, from, to int, prog *progress) e
 // sample is what churns measured: every pair's ADD and DEL latency, the
 // wall time they took, the CPU time the contender used, the failures.
 type sample struct {
-	add, del  []time.Duration
-	wall, cpu time.Duration
-	failed    int
-	firstErr  error
+	add, del []time.Duration
+	wall     time.Duration
+	cpu      cpuTime
+	failed   int
+	firstErr error
 }
 
 func (s *sample) merge(o sample) {
 	s.add, s.del = append(s.add, o.add...), append(s.del, o.del...)
 	s.wall += o.wall
-	s.cpu += o.cpu
+	s.cpu = s.cpu.add(o.cpu)
 	s.failed += o.failed
 	if s.firstErr == nil {
 		s.firstErr = o.firstErr
@@ -183,7 +184,9 @@ func (s *sample) row(conc int) LatencyRow {
 		row.PerSecond = float64(n) / s.wall.Seconds()
 	}
 	if n := len(s.add) + s.failed; n > 0 {
-		row.CPUPerPair = float64(s.cpu.Microseconds()) / 1000 / float64(n)
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
+		row.CPUPerPair = per(s.cpu.total())
+		row.CPU = &CPUSplit{Runtime: per(s.cpu.runtime), Plugins: per(s.cpu.plugins), Daemons: per(s.cpu.daemons)}
 	}
 	if s.firstErr != nil {
 		row.FirstErr = s.firstErr.Error()

@@ -51,23 +51,39 @@ func machine() Machine {
 	return m
 }
 
-// cpuUsed is the CPU time (user and system, every thread) used so far
-// by this process, by its children it waited for (the plugins libcni
-// exec'd) and by the processes pids (a contender's daemons): precise
-// clocks, not ticks. 0 for a pid that cannot be read.
-func cpuUsed(pids ...int) time.Duration {
-	var t time.Duration
-	for _, who := range []int{unix.RUSAGE_SELF, unix.RUSAGE_CHILDREN} {
-		var ru unix.Rusage
-		if unix.Getrusage(who, &ru) == nil {
-			t += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-		}
+// cpuTime is CPU time (user and system, every thread) by where it ran:
+// this process (the runtime's side: libcni; the floor's netlink calls),
+// its children it waited for (the plugins libcni exec'd) and a
+// contender's daemons (skeind).
+type cpuTime struct{ runtime, plugins, daemons time.Duration }
+
+func (c cpuTime) total() time.Duration { return c.runtime + c.plugins + c.daemons }
+
+func (c cpuTime) sub(o cpuTime) cpuTime {
+	return cpuTime{c.runtime - o.runtime, c.plugins - o.plugins, c.daemons - o.daemons}
+}
+
+func (c cpuTime) add(o cpuTime) cpuTime {
+	return cpuTime{c.runtime + o.runtime, c.plugins + o.plugins, c.daemons + o.daemons}
+}
+
+// cpuUsed is the CPU time used so far by this process, by its children it
+// waited for and by the processes pids: precise clocks, not ticks. 0 for a
+// pid that cannot be read.
+func cpuUsed(pids ...int) cpuTime {
+	var t cpuTime
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+		t.runtime = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if unix.Getrusage(unix.RUSAGE_CHILDREN, &ru) == nil {
+		t.plugins = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	for _, pid := range pids {
 		// The process-wide CPU clock of pid (clock_getcpuclockid).
 		var ts unix.Timespec
 		if unix.ClockGettime(int32((^pid)<<3|2), &ts) == nil {
-			t += time.Duration(ts.Nano())
+			t.daemons += time.Duration(ts.Nano())
 		}
 	}
 	return t

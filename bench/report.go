@@ -295,6 +295,7 @@ func (r *Report) ownShare(w io.Writer) {
 			}
 		}
 		fmt.Fprintln(w)
+		r.writeCPUSplit(w)
 	}
 	if !slices.Contains(r.contenders(), cSkein) || !slices.Contains(r.contenders(), cExecFloor) {
 		return
@@ -458,4 +459,30 @@ func (r *Report) targets(w io.Writer) {
 		fmt.Fprintf(w, "| restart with %d attachments serving ADD in < 1 s (DESIGN) | %s ms (median) | %s |\n", rs.Attachments, ms(m), verdict(m < 1000))
 	}
 	fmt.Fprintln(w)
+}
+
+// writeCPUSplit is the head-to-head phase's CPU per pair by process:
+// where skein's CPU goes beyond the two floors'.
+func (r *Report) writeCPUSplit(w io.Writer) {
+	header := false
+	for _, c := range r.Config.Concurrency {
+		s, e, f := r.head(cSkein, c), r.head(cExecFloor, c), r.head(cFloor, c)
+		if s == nil || e == nil || f == nil || s.CPU == nil || e.CPU == nil || f.CPU == nil {
+			continue
+		}
+		if !header {
+			header = true
+			fmt.Fprint(w, "The same CPU per pair by process, ms: the runtime's side (the benchmark process: libcni, "+
+				"which execs the plugin and waits for it), the plugin binaries, and the work itself (skeind; the floor's "+
+				"netlink calls, which run in the benchmark process). The last column: skein's total less the two floors'.\n\n"+
+				"| c | libcni's side: skein | exec floor | binary: skein | exec floor | skeind | floor | skein − floors |\n"+
+				"|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s |\n", c, ms(s.CPU.Runtime), ms(e.CPU.Runtime),
+			ms(s.CPU.Plugins), ms(e.CPU.Plugins), ms(s.CPU.Daemons), ms(f.CPU.Runtime+f.CPU.Plugins+f.CPU.Daemons),
+			signed(s.CPUPerPair-e.CPUPerPair-f.CPUPerPair))
+	}
+	if header {
+		fmt.Fprintln(w)
+	}
 }

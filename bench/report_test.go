@@ -80,6 +80,10 @@ func TestReportHeadToHead(t *testing.T) {
 		add(&rep.HeadToHead, cExecFloor, c, 2.5)
 		add(&rep.HeadToHead, cSkein, c, 4.5)
 	}
+	// Where the CPU ran, for skein and the two floors at c=1.
+	for i, cpu := range []CPUSplit{{Runtime: 2.4}, {Runtime: 1.5, Plugins: 3.5}, {Runtime: 2, Plugins: 4, Daemons: 3}} {
+		rep.HeadToHead[i].CPU = &cpu
+	}
 	add(&rep.HeadToHead, cFloorDual, 1, 1.5)
 	add(&rep.HeadToHead, cSkeinDual, 1, 5.5)
 	md := writeReport(t, rep, t.TempDir())
@@ -90,6 +94,8 @@ func TestReportHeadToHead(t *testing.T) {
 		"| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; 10 attachments, c=1, head to head) | 4.50 − 2.50 − 1.20 = +0.80 ms | met |",
 		"| skein's own share of ADD p50 ≤ 1 ms (skein − exec floor − floor; 10 attachments, c=1, dual stack, head to head) | 5.50 − 2.50 − 1.50 = +1.50 ms | **missed** |",
 		"| ADD p50 ≤ exec floor + floor (10 attachments, c=8, head to head) | 4.50 vs 2.50 + 1.20 = 3.70 ms | **missed** |",
+		"| c | libcni's side: skein | exec floor | binary: skein | exec floor | skeind | floor | skein − floors |",
+		"| 1 | 2.00 | 1.50 | 4.00 | 3.50 | 3.00 | 2.40 | +1.60 |\n",
 		"## skein's own share of an ADD in the matrix",
 		"| 10 | 1 | 5.00 | 2.00 | 1.00 | 3.00 | +2.00 |",
 	} {

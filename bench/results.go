@@ -50,10 +50,22 @@ type LatencyRow struct {
 	// plugins it exec'd and the contender's daemons (skeind); kernel
 	// threads' deferred work is not in it.
 	CPUPerPair float64 `json:"cpu_ms_per_pair,omitempty"`
-	Failed     int     `json:"failed"`
+	// CPU is CPUPerPair by where it ran.
+	CPU    *CPUSplit `json:"cpu_ms_per_pair_by_process,omitempty"`
+	Failed int       `json:"failed"`
 	// NA says why the cell could not be measured (empty: it was).
 	NA       string `json:"not_applicable,omitempty"`
 	FirstErr string `json:"first_error,omitempty"`
+}
+
+// CPUSplit is a cell's CPU time per ADD+DEL pair, ms, by process: the
+// benchmark process (the runtime's side: libcni, which execs the plugins
+// and waits for them; the floor's netlink calls run here too), the
+// plugins libcni exec'd, and the contender's daemons.
+type CPUSplit struct {
+	Runtime float64 `json:"runtime"`
+	Plugins float64 `json:"plugins"`
+	Daemons float64 `json:"daemons"`
 }
 
 // PreloadRow: how long filling the node up to Attachments took (setup, not

@@ -256,7 +256,7 @@ func churnSample(ctx context.Context, c contender, prefix string, pods []*harnes
 		prog.add(1)
 		return nil
 	})
-	s.wall, s.cpu = time.Since(start), cpuUsed(pids...)-cpu
+	s.wall, s.cpu = time.Since(start), cpuUsed(pids...).sub(cpu)
 	return s
 }
 
