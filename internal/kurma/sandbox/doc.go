@@ -110,6 +110,10 @@
 // only to a main exec that handles it: /proc/PID/status SigCgt). The whole tree
 // also gets SIGKILL if the process that started it (skeind) dies.
 //
+// Descriptors: the executable starts with 0, 1 and 2 only; the init marks
+// every other one close-on-exec just before it execs, including any the
+// daemon inherited without the flag from whatever started it.
+//
 // Environment: PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 // and HOME=/, plus what the caller adds (Spec.Env); nothing of the daemon's
 // environment leaks in. Stdout is the result, capped (Options.StdoutLimit;

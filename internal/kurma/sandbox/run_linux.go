@@ -45,8 +45,9 @@ type Sandbox struct {
 	// that was there when New ran, held open as initFile (see pinInit).
 	initExe  string
 	initFile *os.File
-	// removing counts cgroup removals under way (dropCgroup).
-	removing sync.WaitGroup
+	// removing counts the background work of ended calls under way:
+	// cgroup removals (dropCgroup), mount namespaces let go (release).
+	removing background
 	state    stateMounts
 }
 
@@ -97,6 +98,20 @@ func New(o Options) (*Sandbox, error) {
 // child is handed), so the child's N may be a pipe by then; skeind's table
 // is not touched. The lookup is skeind's own process under the same
 // credentials, which procfs allows.
+// mustStat is f's FileInfo, nil when it cannot be had (os.SameFile
+// reports false then).
+func mustStat(f *os.File) os.FileInfo {
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// pinFloor is the lowest number the pinned descriptor may take (a
+// variable for the tests).
+var pinFloor = 64
+
 func (s *Sandbox) pinInit() error {
 	s.initExe = s.opts.InitPath
 	if s.opts.InitPath == "/proc/self/exe" {
@@ -107,12 +122,17 @@ func (s *Sandbox) pinInit() error {
 		return fmt.Errorf("sandbox init: %w", err)
 	}
 	defer f.Close()
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 64)
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, pinFloor)
 	if err != nil {
 		return fmt.Errorf("sandbox init %s: %w", s.opts.InitPath, err)
 	}
 	s.initFile = os.NewFile(uintptr(fd), s.opts.InitPath)
 	s.initExe = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
+	// A /proc of another PID namespace would name another process.
+	if st, err := os.Stat(s.initExe); err != nil || !os.SameFile(st, mustStat(f)) {
+		s.opts.Logger.Warn("sandbox: the pinned init cannot be reached through /proc (is /proc this process's PID namespace's?); inits start from the path, and an upgrade in place may start a newer init", "path", s.opts.InitPath, "via", s.initExe)
+		s.initExe = s.opts.InitPath
+	}
 	return nil
 }
 
@@ -160,6 +180,44 @@ func (s *Sandbox) Close() error {
 	s.removing.Wait()
 	s.cgroups.close()
 	return nil
+}
+
+// background runs functions in goroutines of their own and waits for
+// them. Unlike a sync.WaitGroup it may start more while a Wait is under
+// way (calls still running when Close waits end and start theirs).
+type background struct {
+	mu   sync.Mutex
+	n    int
+	zero sync.Cond
+}
+
+// Go runs f in a goroutine of its own.
+func (b *background) Go(f func()) {
+	b.mu.Lock()
+	b.n++
+	b.mu.Unlock()
+	go func() {
+		defer func() {
+			b.mu.Lock()
+			if b.n--; b.n == 0 && b.zero.L != nil {
+				b.zero.Broadcast()
+			}
+			b.mu.Unlock()
+		}()
+		f()
+	}()
+}
+
+// Wait returns when no function started by Go is running.
+func (b *background) Wait() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.zero.L == nil {
+		b.zero.L = &b.mu
+	}
+	for b.n > 0 {
+		b.zero.Wait()
+	}
 }
 
 // Result is what a successful call produced.

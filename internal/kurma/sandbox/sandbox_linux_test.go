@@ -48,6 +48,7 @@ type probeReport struct {
 	SelfNetIno    uint64   `json:"selfNetIno"`
 	SysLinks      []string `json:"sysLinks"`
 	Nice          int      `json:"nice"`
+	FDs           []string `json:"fds"`
 }
 
 // TestSandboxLayout runs a probe plugin and checks what it sees: the
@@ -940,8 +941,24 @@ func TestInitBinaryReplaced(t *testing.T) {
 // by handing the child one descriptor just below the pinned one and
 // leaving lower numbers free.
 func TestPinnedInitSurvivesChildDescriptors(t *testing.T) {
+	// Two free numbers in a row, the pin on the upper one: the lower one
+	// is then this test's to use (earlier tests' Sandboxes keep theirs
+	// pinned until the garbage collector closes them).
+	free := func(fd int) bool {
+		_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		return err == unix.EBADF
+	}
+	floor := pinFloor
+	for !free(floor-1) || !free(floor) {
+		floor++
+	}
+	defer func(old int) { pinFloor = old }(pinFloor)
+	pinFloor = floor
 	e := newEnv(t, Options{InitPath: initBin, Prestart: -1})
 	pinned := int(e.sb.initFile.Fd())
+	if pinned != floor || !free(pinned-1) {
+		t.Fatalf("pinned at %d, want %d with %d free", pinned, floor, floor-1)
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -964,4 +981,42 @@ func TestPinnedInitSurvivesChildDescriptors(t *testing.T) {
 	if !strings.Contains(out.String(), "skeind starts it") {
 		t.Errorf("the init did not run: %q", out.String())
 	}
+}
+
+// TestPluginInheritsNoDescriptors: whatever the daemon inherited without
+// close-on-exec (from a launcher that leaks descriptors) does not reach
+// the plugin, whichever way the call starts: it starts with stdin,
+// stdout and stderr, and what its own runtime opens.
+func TestPluginInheritsNoDescriptors(t *testing.T) {
+	needRoot(t)
+	marker := filepath.Join(t.TempDir(), "leaked-by-the-launcher")
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leakedFile, err := unix.Open(marker, unix.O_RDONLY, 0) // no O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(leakedFile)
+	var pipe [2]int
+	if err := unix.Pipe2(pipe[:], 0); err != nil { // no O_CLOEXEC either
+		t.Fatal(err)
+	}
+	defer unix.Close(pipe[0])
+	defer unix.Close(pipe[1])
+	bothStarts(t, Options{InitPath: initBin}, func(t *testing.T, e *testEnv) {
+		res, err := e.run(t, context.Background(), e.spec(`{"mode":"probe"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r probeReport
+		if err := json.Unmarshal(res.Stdout, &r); err != nil {
+			t.Fatal(err)
+		}
+		for _, fd := range r.FDs {
+			if strings.Contains(fd, "leaked-by-the-launcher") || strings.Contains(fd, "pipe:") || strings.Contains(fd, "socket:") {
+				t.Errorf("the plugin inherited %s (all it holds above stderr: %q)", fd, r.FDs)
+			}
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -359,9 +360,46 @@ func (s *Spec) build() error {
 // becomes PID 1 of its namespace.
 func (s *Spec) execLocked() error {
 	unix.Umask(0o022)
+	if err := closeOnExec(); err != nil {
+		return err
+	}
 	argv := append([]string{s.Path}, s.Args...)
 	if err := unix.Exec(s.Path, argv, s.Env); err != nil {
 		return fmt.Errorf("exec %s: %w", s.Path, err)
+	}
+	return nil
+}
+
+// closeOnExec marks every descriptor above stderr close-on-exec, so that
+// the executable starts with 0, 1 and 2 only: the init's own protocol
+// pipes are marked already, but whatever the daemon itself inherited
+// without the flag (from a launcher that leaks descriptors: a script, a
+// supervisor, socket activation) came through its fork and this init's,
+// and would reach the plugin otherwise.
+func closeOnExec() error {
+	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	// Before Linux 5.11: one by one, from the list of open descriptors.
+	d, oerr := os.Open("/proc/self/fd")
+	if oerr != nil {
+		return fmt.Errorf("mark descriptors close-on-exec: %w (and list them: %w)", err, oerr)
+	}
+	names, rerr := d.Readdirnames(-1)
+	d.Close()
+	if rerr != nil {
+		return fmt.Errorf("mark descriptors close-on-exec: %w (and list them: %w)", err, rerr)
+	}
+	for _, n := range names {
+		fd, aerr := strconv.Atoi(n)
+		if aerr != nil || fd < 3 {
+			continue
+		}
+		// The listing's own descriptor is closed by now: EBADF.
+		if _, ferr := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); ferr != nil && ferr != unix.EBADF {
+			return fmt.Errorf("mark descriptor %d close-on-exec: %w", fd, ferr)
+		}
 	}
 	return nil
 }

@@ -253,7 +253,29 @@ func probe(raw []byte) {
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	r["mountinfo"] = string(mounts)
 	r["nice"] = niceOf("/proc/self/stat")
+	r["fds"] = openFDs()
 	json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// openFDs lists this process's descriptors above stderr as "N -> target"
+// (the listing's own left out): what it inherited, and what the Go runtime
+// opened at start.
+func openFDs() []string {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return []string{"open /proc/self/fd: " + err.Error()}
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	var out []string
+	for _, n := range names {
+		if n == "0" || n == "1" || n == "2" || n == strconv.Itoa(int(d.Fd())) {
+			continue
+		}
+		target, _ := os.Readlink("/proc/self/fd/" + n)
+		out = append(out, n+" -> "+target)
+	}
+	return out
 }
 
 // niceOf is the nice value in a /proc stat file (field 19), or -100.
