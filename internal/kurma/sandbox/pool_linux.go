@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,9 +69,8 @@ type warmInit struct {
 	// when the caller closes it after the call, not on the exit path the
 	// call waits for.
 	mntns *os.File
-	// niced: started at aheadNice (its main thread, which execs the
-	// call); baseNice is the nice value it had before, which the call
-	// gets back.
+	// niced: started at aheadNice (every thread); baseNice is the nice
+	// value it had before, which the call gets back.
 	niced    bool
 	baseNice int
 }
@@ -219,20 +219,55 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 		return fail(fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err))
 	}
 	w.cmd = cmd
-	// Starting ahead runs behind the calls under way: the init's main
-	// thread (which starts the runtime, builds a prepared layout, and
-	// execs the call) takes the CPU only when no call wants it, and
-	// gets the default back when claimed.
+	// Starting ahead runs behind the calls under way: the init's threads
+	// (the main one starts the runtime, builds a prepared layout, and
+	// execs the call) take the CPU only when no call wants it, and get
+	// their nice value back when claimed (restoreNice; it is tried even
+	// if setting some thread failed here).
 	if s.canNice {
 		// The raw system call answers 20 - nice.
 		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, cmd.Process.Pid); err == nil && 20-prio < aheadNice {
-			if unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, aheadNice) == nil {
-				w.niced, w.baseNice = true, 20-prio
-			}
+			w.niced, w.baseNice = true, 20-prio
+			_ = setNice(cmd.Process.Pid, aheadNice)
 		}
 	}
 	w.holdMounts()
 	return reads, nil
+}
+
+// restoreNice gives every thread of the waiting init the nice value it
+// started with, before it reads the spec: the call runs at the priority it
+// would have started cold with. Every thread, not only the main one that
+// execs: exec waits for each of the Go runtime's other threads to exit,
+// which at nice 19 behind busy cores would run the call's start behind
+// everything else.
+func (w *warmInit) restoreNice() error { return setNice(w.cmd.Process.Pid, w.baseNice) }
+
+// setNice sets the nice value of every thread of process pid, the main one
+// first. The list is read twice: a thread made meanwhile by one not yet
+// set is found the second time (an init waiting for its spec rarely makes
+// one).
+func setNice(pid, nice int) error {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, nice); err != nil {
+		return err
+	}
+	for range 2 {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return err
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || tid == pid {
+				continue
+			}
+			// A thread that exited meanwhile: ESRCH, nothing to do.
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && err != unix.ESRCH {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // claim hands is to the waiting init, feeds it stdin and collects its
@@ -247,10 +282,7 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 		return nil, fmt.Errorf("encode sandbox spec: %w", err)
 	}
 	if w.niced {
-		// The call runs at the priority it would have started cold
-		// with: the init's main thread (its package init locks it, and
-		// it execs) gets its nice value back, before it reads the spec.
-		if err := unix.Setpriority(unix.PRIO_PROCESS, w.cmd.Process.Pid, w.baseNice); err != nil {
+		if err := w.restoreNice(); err != nil {
 			w.discard()
 			return nil, errStale
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -342,5 +343,56 @@ func TestCanLowerNiceInUserNamespace(t *testing.T) {
 		t.Fatal("in a user namespace canLowerNice said yes; the kernel refuses it there")
 	case err != nil:
 		t.Fatalf("child in a user namespace: %v\n%s", err, out)
+	}
+}
+
+// TestPreparedNiceEveryThread: a claimed init gets its nice value back on
+// every thread, not only the main one: exec waits for the Go runtime's
+// other threads to exit.
+func TestPreparedNiceEveryThread(t *testing.T) {
+	e := newPreparedEnv(t, Options{})
+	if !e.sb.canNice {
+		t.Skip("this process cannot lower a nice value here (no CAP_SYS_NICE in the initial user namespace, or already at 19): inits started ahead are not reniced")
+	}
+	spec := e.spec(`{"mode":"probe"}`)
+	key := e.waitPrepared(t, spec)
+	nices := func(pid int) map[int]int {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]int{}
+		for _, task := range tasks {
+			tid, _ := strconv.Atoi(task.Name())
+			if prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil {
+				out[tid] = 20 - prio
+			}
+		}
+		return out
+	}
+	own := ownNice(t)
+	inits := e.preparedInits(key)
+	if len(inits) == 0 {
+		t.Fatal("no prepared init")
+	}
+	for _, w := range inits {
+		pid := w.cmd.Process.Pid
+		before := nices(pid)
+		if len(before) < 2 {
+			t.Fatalf("init %d has %d thread(s): nothing to check beyond the main one", pid, len(before))
+		}
+		for tid, n := range before {
+			if n != aheadNice {
+				t.Errorf("waiting init %d, thread %d: nice %d, want %d", pid, tid, n, aheadNice)
+			}
+		}
+		if err := w.restoreNice(); err != nil {
+			t.Fatal(err)
+		}
+		for tid, n := range nices(pid) {
+			if n != own {
+				t.Errorf("claimed init %d, thread %d: nice %d, want %d as this process", pid, tid, n, own)
+			}
+		}
 	}
 }
