@@ -473,8 +473,10 @@ func (r *Report) writeCPUSplit(w io.Writer) {
 		if !header {
 			header = true
 			fmt.Fprint(w, "The same CPU per pair by process, ms: the runtime's side (the benchmark process: libcni, "+
-				"which execs the plugin and waits for it), the plugin binaries, and the work itself (skeind; the floor's "+
-				"netlink calls, which run in the benchmark process). The last column: skein's total less the two floors'.\n\n"+
+				"which execs the plugin and waits for it), the plugin binaries, and the work itself (skeind, without "+
+				"processes it starts; the floor's netlink calls, which run in the benchmark process). The benchmark's "+
+				"own bookkeeping per pair (its workers, timing, garbage collection) is in every benchmark-process figure, "+
+				"the floor's too, so the last column, skein's total less the two floors', is short of it once.\n\n"+
 				"| c | libcni's side: skein | exec floor | binary: skein | exec floor | skeind | floor | skein − floors |\n"+
 				"|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		}

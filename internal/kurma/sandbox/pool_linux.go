@@ -215,22 +215,22 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 	cmd := s.initCommand(context.Background(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
 	cmd.ExtraFiles = child[3:] // fds 3, 4, ...
-	if err := startLocked(cmd); err != nil {
+	// Starting ahead runs behind the calls under way: the init's threads
+	// (the main one starts the runtime, builds a prepared layout, and
+	// execs the call) are born at aheadNice, take the CPU only when no
+	// call wants it, and get their nice value back when claimed
+	// (restoreNice).
+	var err error
+	if s.canNice {
+		w.baseNice, err = startNiced(cmd, aheadNice, s.opts.Logger)
+		w.niced = err == nil && w.baseNice < aheadNice
+	} else {
+		err = startLocked(cmd)
+	}
+	if err != nil {
 		return fail(fmt.Errorf("start sandbox init %s: %w", s.opts.InitPath, err))
 	}
 	w.cmd = cmd
-	// Starting ahead runs behind the calls under way: the init's threads
-	// (the main one starts the runtime, builds a prepared layout, and
-	// execs the call) take the CPU only when no call wants it, and get
-	// their nice value back when claimed (restoreNice; it is tried even
-	// if setting some thread failed here).
-	if s.canNice {
-		// The raw system call answers 20 - nice.
-		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, cmd.Process.Pid); err == nil && 20-prio < aheadNice {
-			w.niced, w.baseNice = true, 20-prio
-			_ = setNice(cmd.Process.Pid, aheadNice)
-		}
-	}
 	w.holdMounts()
 	return reads, nil
 }
@@ -240,34 +240,43 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 // would have started cold with. Every thread, not only the main one that
 // execs: exec waits for each of the Go runtime's other threads to exit,
 // which at nice 19 behind busy cores would run the call's start behind
-// everything else.
-func (w *warmInit) restoreNice() error { return setNice(w.cmd.Process.Pid, w.baseNice) }
-
-// setNice sets the nice value of every thread of process pid, the main one
-// first. The list is read twice: a thread made meanwhile by one not yet
-// set is found the second time (an init waiting for its spec rarely makes
-// one).
-func setNice(pid, nice int) error {
-	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, nice); err != nil {
+// everything else. Only the main thread's failure is an error; the others
+// are set where /proc lists them as this init's (s.ownProc).
+func (w *warmInit) restoreNice() error {
+	pid := w.cmd.Process.Pid
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, w.baseNice); err != nil {
 		return err
 	}
-	for range 2 {
-		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-		if err != nil {
-			return err
-		}
-		for _, t := range tasks {
-			tid, err := strconv.Atoi(t.Name())
-			if err != nil || tid == pid {
-				continue
-			}
-			// A thread that exited meanwhile: ESRCH, nothing to do.
-			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && err != unix.ESRCH {
-				return err
-			}
-		}
+	if w.sb.ownProc {
+		setThreadsNice(pid, w.baseNice)
 	}
 	return nil
+}
+
+// setThreadsNice sets the nice value of the threads of process pid other
+// than the main one, as /proc lists them, until a pass finds no thread it
+// had not set (a thread made meanwhile by one not yet set), at most four
+// passes. Threads that exit meanwhile are skipped.
+func setThreadsNice(pid, nice int) {
+	done := map[int]bool{pid: true}
+	for range 4 {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return
+		}
+		fresh := false
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || done[tid] {
+				continue
+			}
+			done[tid], fresh = true, true
+			unix.Setpriority(unix.PRIO_PROCESS, tid, nice)
+		}
+		if !fresh {
+			return
+		}
+	}
 }
 
 // claim hands is to the waiting init, feeds it stdin and collects its

@@ -348,7 +348,9 @@ func TestCanLowerNiceInUserNamespace(t *testing.T) {
 
 // TestPreparedNiceEveryThread: a claimed init gets its nice value back on
 // every thread, not only the main one: exec waits for the Go runtime's
-// other threads to exit.
+// other threads to exit. Waiting, every thread is at aheadNice: the init
+// is forked from a thread at that value, so each of its threads is born
+// there.
 func TestPreparedNiceEveryThread(t *testing.T) {
 	e := newPreparedEnv(t, Options{})
 	if !e.sb.canNice {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +42,9 @@ type Sandbox struct {
 	// initial user namespace), so inits started ahead wait at aheadNice
 	// and get their nice value back when claimed.
 	canNice bool
+	// ownProc: /proc is of this process's PID namespace (/proc/self is
+	// this process), so a PID's threads may be looked up there.
+	ownProc bool
 	// initExe is what starts an init: Options.InitPath, or the binary
 	// that was there when New ran, held open as initFile (see pinInit).
 	initExe  string
@@ -77,11 +81,27 @@ func New(o Options) (*Sandbox, error) {
 		return nil, err
 	}
 	s.canNice = canLowerNice()
+	self, err := os.Readlink("/proc/self")
+	s.ownProc = err == nil && self == strconv.Itoa(os.Getpid())
 	s.pool = newPool(s, o.Prestart)
 	s.pool.refill()
 	s.prepared = newPrepared(s, o.Prestart)
 	return s, nil
 }
+
+// mustStat is f's FileInfo, nil when it cannot be had (os.SameFile
+// reports false then).
+func mustStat(f *os.File) os.FileInfo {
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// pinFloor is the lowest number the pinned descriptor may take (a
+// variable for the tests).
+var pinFloor = 64
 
 // pinInit opens the init binary once: every init of this Sandbox runs the
 // binary that was at InitPath when it was made, through the descriptor
@@ -97,21 +117,9 @@ func New(o Options) (*Sandbox, error) {
 // own table (its status pipe goes to the number above the highest one the
 // child is handed), so the child's N may be a pipe by then; skeind's table
 // is not touched. The lookup is skeind's own process under the same
-// credentials, which procfs allows.
-// mustStat is f's FileInfo, nil when it cannot be had (os.SameFile
-// reports false then).
-func mustStat(f *os.File) os.FileInfo {
-	st, err := f.Stat()
-	if err != nil {
-		return nil
-	}
-	return st
-}
-
-// pinFloor is the lowest number the pinned descriptor may take (a
-// variable for the tests).
-var pinFloor = 64
-
+// credentials, which procfs allows while skeind is dumpable (a process
+// that changed credentials or has file capabilities is not; inits then
+// start from the path). The PID is the one /proc knows skeind by.
 func (s *Sandbox) pinInit() error {
 	s.initExe = s.opts.InitPath
 	if s.opts.InitPath == "/proc/self/exe" {
@@ -127,10 +135,14 @@ func (s *Sandbox) pinInit() error {
 		return fmt.Errorf("sandbox init %s: %w", s.opts.InitPath, err)
 	}
 	s.initFile = os.NewFile(uintptr(fd), s.opts.InitPath)
-	s.initExe = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
-	// A /proc of another PID namespace would name another process.
-	if st, err := os.Stat(s.initExe); err != nil || !os.SameFile(st, mustStat(f)) {
-		s.opts.Logger.Warn("sandbox: the pinned init cannot be reached through /proc (is /proc this process's PID namespace's?); inits start from the path, and an upgrade in place may start a newer init", "path", s.opts.InitPath, "via", s.initExe)
+	self, err := os.Readlink("/proc/self")
+	if err == nil {
+		s.initExe = "/proc/" + self + "/fd/" + strconv.Itoa(fd)
+	}
+	dumpable, derr := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
+	st, serr := os.Stat(s.initExe)
+	if err != nil || derr != nil || dumpable != 1 || serr != nil || !os.SameFile(st, mustStat(f)) {
+		s.opts.Logger.Warn("sandbox: an init cannot reach the pinned init binary through /proc (no /proc of this process, or it is not dumpable); inits start from the path, and an upgrade in place may start a newer one", "path", s.opts.InitPath)
 		s.initExe = s.opts.InitPath
 	}
 	return nil
@@ -491,6 +503,31 @@ func startLocked(cmd *exec.Cmd) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	return cmd.Start()
+}
+
+// startNiced is startLocked with the forking thread at nice for the fork,
+// so that every thread of the child is born at it (a thread the child
+// made before a renice from outside would miss it). It returns the
+// thread's nice value before, which the child had none of. Only where
+// lowering a nice value works (canNice): the thread gets its own back
+// before it goes back to the runtime's pool (if that failed, a thread of
+// this process would go on at nice: logged).
+func startNiced(cmd *exec.Cmd, nice int, log *slog.Logger) (base int, err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0) // this thread; 20 - nice
+	if err != nil {
+		return 0, cmd.Start()
+	}
+	base = 20 - prio
+	if base >= nice || unix.Setpriority(unix.PRIO_PROCESS, 0, nice) != nil {
+		return base, cmd.Start()
+	}
+	err = cmd.Start()
+	if rerr := unix.Setpriority(unix.PRIO_PROCESS, 0, base); rerr != nil {
+		log.Error("sandbox: a thread of this process stays at the nice value of inits started ahead", "nice", nice, "err", rerr)
+	}
+	return base, err
 }
 
 // awaitExec reads the init's status pipe to its end: nothing means the

@@ -1014,6 +1014,9 @@ func TestPluginInheritsNoDescriptors(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, fd := range r.FDs {
+			if strings.HasPrefix(fd, "open /proc/self/fd") {
+				t.Fatalf("the plugin could not list its descriptors: %s", fd)
+			}
 			if strings.Contains(fd, "leaked-by-the-launcher") || strings.Contains(fd, "pipe:") || strings.Contains(fd, "socket:") {
 				t.Errorf("the plugin inherited %s (all it holds above stderr: %q)", fd, r.FDs)
 			}
