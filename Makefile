@@ -17,8 +17,14 @@ all: build
 
 # Statically linked (no cgo): the CNI binaries are exec'd for every ADD and
 # DEL, and loading libc through ld.so costs ~0.7 ms a start on our machines.
+# bin/skein, the binary runtimes exec, is C (cmd/skein/skein.c): a Go
+# program's start alone costs ~1 ms of CPU more (docs/architecture.md).
+CC        ?= cc
+CFLAGS    ?= -O2 -Wall -Wextra
 build:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./bench/execfloor
+	$(CC) $(CFLAGS) -static -o $(BIN)/skein cmd/skein/skein.c || { \
+	  echo "make build: bin/skein needs a C compiler and a static libc (Debian: gcc libc6-dev; scripts/install-deps.sh installs them)" >&2; exit 1; }
 
 deps:
 	./scripts/install-deps.sh
@@ -179,8 +185,9 @@ cluster: deps build
 cluster-down:
 	./scripts/cluster.sh down
 
-demo: build
+demo:
 	./scripts/install-deps.sh demo || echo "make demo: could not install every dependency (above); the demo skips what is missing and says why"
+	$(MAKE) --no-print-directory build
 	$(GO) run ./test/demo -bin $(BIN)
 
 # Kubernetes API (api/v1alpha1): deepcopy code and the CRDs in

@@ -19,11 +19,12 @@ all)
     iproute2                    # ip(8): the DHCP clients' scripts, ip netns exec for debugging
     iputils-ping                # reachability checks inside pod namespaces
     nftables
+    gcc libc6-dev               # bin/skein is C, linked statically (make build)
   )
   files=(deps.d/*.sh)
   ;;
 demo)
-  pkgs=(iputils-ping)
+  pkgs=(iputils-ping gcc libc6-dev)
   files=(deps.d/docker.sh deps.d/vm.sh)
   ;;
 *)

@@ -76,7 +76,7 @@ func parseFlags(args []string) (*config, error) {
 	c := &config{confMode: 0o644}
 	f := pflag.NewFlagSet("skein-install", pflag.ContinueOnError)
 	f.StringVar(&c.srcDir, "src-dir", "", "directory holding the plugins (default: this binary's)")
-	f.StringSliceVar(&c.plugins, "plugins", []string{"skein", "skein-vm"}, "plugin file names to install")
+	f.StringSliceVar(&c.plugins, "plugins", []string{"skein-cni", "skein", "skein-vm"}, "plugin file names to install, in order (skein-cni before skein, which execs it)")
 	f.StringVar(&c.binDir, "bin-dir", "/opt/cni/bin", "CNI plugin directory to install into")
 	f.StringVar(&c.conf, "conf", "", "network configuration file to install (none if empty)")
 	f.StringVar(&c.confDir, "conf-dir", "/etc/cni/net.d", "CNI configuration directory to install into")

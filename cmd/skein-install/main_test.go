@@ -10,6 +10,7 @@ import (
 
 func TestInstall(t *testing.T) {
 	src, bin, conf := t.TempDir(), t.TempDir(), t.TempDir()
+	write(t, filepath.Join(src, "skein-cni"), "plugin zero")
 	write(t, filepath.Join(src, "skein"), "plugin one")
 	write(t, filepath.Join(src, "skein-vm"), "plugin two")
 	confFile := filepath.Join(t.TempDir(), "10-skein.conflist")
@@ -23,11 +24,17 @@ func TestInstall(t *testing.T) {
 		if err := run(args, &out); err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Count(out.String(), "installed "); got != 3 {
-			t.Errorf("output reports %d files, want 3:\n%s", got, out.String())
+		if got := strings.Count(out.String(), "installed "); got != 4 {
+			t.Errorf("output reports %d files, want 4:\n%s", got, out.String())
+		}
+		// skein execs skein-cni: a runtime must never find the new skein
+		// without it.
+		if i, j := strings.Index(out.String(), "/skein-cni\n"), strings.Index(out.String(), "/skein\n"); i < 0 || j < i {
+			t.Errorf("skein installed before skein-cni:\n%s", out.String())
 		}
 	}
 	for path, want := range map[string]string{
+		filepath.Join(bin, "skein-cni"):          "plugin zero",
 		filepath.Join(bin, "skein"):              "plugin one",
 		filepath.Join(bin, "skein-vm"):           "plugin two",
 		filepath.Join(conf, "10-skein.conflist"): `{"name":"skein"}`,

@@ -28,7 +28,7 @@ func TestBinariesStayThin(t *testing.T) {
 	for _, dep := range deps("../../bench/execfloor") {
 		allowed[dep] = true
 	}
-	for _, bin := range []string{"skein", "skein-vm"} {
+	for _, bin := range []string{"skein-cni", "skein-vm"} {
 		pkg := "github.com/skeinnet/skein/cmd/" + bin
 		for _, dep := range deps("../../cmd/" + bin) {
 			if !allowed[dep] && dep != pkg {

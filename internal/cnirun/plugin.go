@@ -36,10 +36,15 @@ const callGrace = time.Second
 type Plugin struct {
 	Service string // skeind's service, "skein.v1.CNI"
 	About   string // the first "about" line, "skein CNI plugin v1"
+
+	// failed, when set, is how the call already failed (FailedFlag):
+	// the binary words it and does not call.
+	failed error
 }
 
 // Spec error codes the binary gives itself.
 const (
+	errInvalidEnvironment = 4
 	errIOFailure          = 5
 	errDecodingFailure    = 6
 	errTryAgainLater      = 11
@@ -48,7 +53,38 @@ const (
 
 // Main runs the binary and exits.
 func Main(p Plugin) {
+	if len(os.Args) == 2 && len(os.Args[1]) > len(FailedFlag) && os.Args[1][:len(FailedFlag)] == FailedFlag {
+		p.failed = failure(os.Args[1][len(FailedFlag):])
+	}
 	os.Exit(p.run(os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+}
+
+// FailedFlag is how the skein binary (cmd/skein, in C) hands skein-cni a
+// call that failed after its request was sent, as its only argument:
+// FailedFlag + "noanswer", "timeout", "frame", "nomem" or "errno:N".
+// skein-cni then words the error with stdin as the configuration and
+// never sends the request again (skeind may have run it).
+const FailedFlag = "--skein-failed="
+
+// failure is the error a FailedFlag names; an unknown one is still a
+// failure (EIO), never a reason to call.
+func failure(what string) error {
+	switch what {
+	case "noanswer":
+		return errNoAnswer
+	case "timeout":
+		return syscall.EAGAIN
+	case "frame":
+		return ErrFrame
+	case "nomem":
+		return syscall.ENOMEM
+	}
+	if len(what) > 6 && what[:6] == "errno:" {
+		if n, err := strconv.Atoi(what[6:]); err == nil && n > 0 {
+			return syscall.Errno(n)
+		}
+	}
+	return syscall.EIO
 }
 
 // env are the variables skeind is sent.
@@ -77,7 +113,11 @@ func (p Plugin) run(getenv func(string) string, stdin io.Reader, stdout, stderr 
 	req := Request{TimeoutMS: uint32(CallTimeout.Milliseconds()), Service: p.Service, Stdin: data}
 	for _, name := range env {
 		if v := getenv(name); v != "" {
-			req.Env = append(req.Env, name+"="+v)
+			kv := name + "=" + v
+			if len(kv) > maxEnvFrame {
+				return printError(stdout, versionOf(data), errInvalidEnvironment, name+" is longer than "+strconv.Itoa(maxEnvFrame-len(name)-1)+" bytes", "")
+			}
+			req.Env = append(req.Env, kv)
 		}
 	}
 	req.SelfNS = nsID("/proc/thread-self/ns/net")
@@ -91,7 +131,11 @@ func (p Plugin) run(getenv func(string) string, stdin io.Reader, stdout, stderr 
 	if sock == "" {
 		sock = DefaultSocket
 	}
-	out, err := call(sock, AppendRequest(nil, req))
+	var out []byte
+	err = p.failed
+	if err == nil {
+		out, err = call(sock, AppendRequest(nil, req))
+	}
 	if err == nil {
 		var rep Reply
 		if rep, err = ParseReply(out); err == nil {

@@ -26,8 +26,11 @@ const (
 	MaxService = 256
 	MaxEnv     = 32
 	MaxEnvVar  = 64 << 10
-	MaxStdin   = 4 << 20
-	MaxStdout  = 16 << 20
+	// maxEnvFrame is what a variable's u16 length can say: the binary
+	// refuses a longer one rather than frame it wrong.
+	maxEnvFrame = 1<<16 - 1
+	MaxStdin    = 4 << 20
+	MaxStdout   = 16 << 20
 )
 
 // NSID names a network namespace: the device and inode of its nsfs file.

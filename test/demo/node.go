@@ -83,7 +83,7 @@ func (d *demo) run(ctx context.Context, c *cleanup) error {
 	if d.bin, err = filepath.Abs(d.bin); err != nil {
 		return err
 	}
-	for _, b := range []string{"skeind", "skein", "skein-vm", "skein-vmwrapper"} {
+	for _, b := range []string{"skeind", "skein", "skein-cni", "skein-vm", "skein-vmwrapper"} {
 		if _, err := os.Stat(filepath.Join(d.bin, b)); err != nil {
 			return fmt.Errorf("%s not found in %s (run make build): %w", b, d.bin, err)
 		}
