@@ -307,9 +307,7 @@ func TestBadInput(t *testing.T) {
 		{"NetworkDriver.CreateNetwork", createNetworkRequest{NetworkID: netID}, "already exists"},
 		{"NetworkDriver.CreateNetwork", createNetworkRequest{NetworkID: "n2", IPv4Data: []ipamData{{Pool: "172.17.0.0/16"}}}, "--ipam-driver"},
 		{"NetworkDriver.DeleteNetwork", networkRequest{NetworkID: "nope"}, "unknown network"},
-		{"NetworkDriver.DeleteNetwork", networkRequest{NetworkID: netID}, "still has 1 endpoint"},
 		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: "nope", EndpointID: "e"}, "unknown network"},
-		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: used}}, "already exists"},
 		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "e2", Interface: &endpointInterface{Address: "10.64.0.5/16"}}, "not in skein pool"},
 		{"NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "e2"}, "no address"},
 		{"NetworkDriver.Join", joinRequest{NetworkID: netID, EndpointID: "nope"}, "unknown endpoint"},
@@ -482,4 +480,66 @@ func TestLongIDs(t *testing.T) {
 	if len(aliases) != 2 {
 		t.Errorf("two endpoints, %d distinct aliases: %v", len(aliases), aliases)
 	}
+}
+
+// TestForgottenEndpoints: endpoints Docker no longer knows — a
+// CreateEndpoint whose answer a crash of skeind or dockerd lost (the
+// record, with or without its link), which Docker never deletes but may
+// create again, or a DeleteEndpoint that failed and Docker only logged —
+// neither block a later CreateEndpoint of the same ID nor outlive their
+// network: nothing of them, of the network or of its pool is left, and
+// the subnet can be used again.
+func TestForgottenEndpoints(t *testing.T) {
+	ctx := context.Background()
+	e := newTenv(t)
+	pids := e.createNetwork(t, netID, "10.90.0.0/24", "", "", nil)
+	addr := func() string {
+		return e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: pids[0]})["Address"].(string)
+	}
+	a1, a2 := addr(), addr()
+	links := func() int { e.dp.mu.Lock(); defer e.dp.mu.Unlock(); return len(e.dp.links) }
+	endpoints := func() (eps []string) {
+		atts, err := e.st.ListAttachments(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range atts {
+			if a.Network == endpointKey(netID, "").Network {
+				eps = append(eps, a.ContainerID)
+			}
+		}
+		return eps
+	}
+
+	// ep1: its record and link made, the answer lost; then the link gone
+	// too (a crash before the kernel work). Docker creates it again.
+	e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: a1}})
+	e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: a1}})
+	if n := links(); n != 1 {
+		t.Fatalf("ep1 created twice: %d links, want 1", n)
+	}
+	e.dp.mu.Lock()
+	clear(e.dp.links)
+	e.dp.mu.Unlock()
+	e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep1", Interface: &endpointInterface{Address: a1}})
+	if eps := endpoints(); len(eps) != 1 || links() != 1 {
+		t.Fatalf("ep1 after a crash before its link and a new CreateEndpoint: records %v, %d links; want ep1's and 1", eps, links())
+	}
+
+	// ep2: made, and Docker forgot it (its CreateEndpoint failed on
+	// Docker's side after ours succeeded). Docker then removes the
+	// network: its addresses and pool first, then DeleteNetwork.
+	e.call(t, "NetworkDriver.CreateEndpoint", createEndpointRequest{NetworkID: netID, EndpointID: "ep2", Interface: &endpointInterface{Address: a2}})
+	for _, a := range []string{a1, a2} {
+		e.call(t, "IpamDriver.ReleaseAddress", releaseAddressRequest{PoolID: pids[0], Address: strings.Split(a, "/")[0]})
+	}
+	e.call(t, "IpamDriver.ReleasePool", releasePoolRequest{PoolID: pids[0]})
+	e.call(t, "NetworkDriver.DeleteNetwork", networkRequest{NetworkID: netID})
+	if atts, _ := e.st.ListAttachments(ctx); len(atts) != 0 || links() != 0 {
+		t.Errorf("after the network's delete: records %v, %d links; want none", atts, links())
+	}
+	if got := e.state(t); strings.Contains(got, "docker-") {
+		t.Errorf("the network or its pool outlived it:\n%s", got)
+	}
+	e.createNetwork(t, netID[:63]+"e", "10.90.0.0/24", "", "", nil)
 }

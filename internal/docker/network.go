@@ -236,14 +236,20 @@ func (d *Driver) deleteNetwork(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	var eps []string
+	// libnetwork deletes a network only once it has no endpoints left, so
+	// any record still here is one Docker forgot: a CreateEndpoint that
+	// failed on Docker's side (or whose answer a crash of skeind or
+	// dockerd lost), which Docker never deletes, or a DeleteEndpoint that
+	// failed and Docker only logged. Removed with the network, else they
+	// would keep its pool, their links and addresses for ever.
 	for _, a := range atts {
-		if a.Network == endpointKey(id, "").Network {
-			eps = append(eps, a.ContainerID)
+		if a.Network != endpointKey(id, "").Network {
+			continue
 		}
-	}
-	if len(eps) > 0 {
-		return fmt.Errorf("network %s still has %d endpoint(s): %s", id, len(eps), strings.Join(eps, ", "))
+		if err := d.removeEndpoint(ctx, a); err != nil {
+			return fmt.Errorf("network %s: endpoint %s Docker no longer has: %w", id, a.ContainerID, err)
+		}
+		d.log.Warn("docker: removed an endpoint Docker no longer has, with its network", "network", id, "endpoint", a.ContainerID)
 	}
 	if err := d.o.Store.PutMeta(ctx, kindNetwork, id, nil); err != nil {
 		return err
@@ -331,12 +337,27 @@ func (d *Driver) createEndpoint(ctx context.Context, r *createEndpointRequest) (
 		Created:       time.Now().UTC(),
 		Extra:         extra,
 	}
+	unlock := d.endpoints.Lock(k.String())
+	defer unlock()
 	// The record first: a crash after plumbing leaves a link it claims
 	// (reconcile would delete an unclaimed one, which is also safe).
-	if err := d.o.Store.PutAttachment(ctx, a); err != nil {
-		if errors.Is(err, store.ErrExists) {
-			return nil, fmt.Errorf("endpoint %s already exists", r.EndpointID)
+	err = d.o.Store.PutAttachment(ctx, a)
+	if errors.Is(err, store.ErrExists) {
+		// Endpoint IDs are Docker's and never reused: a record under this
+		// one is from an earlier CreateEndpoint of it that failed on
+		// Docker's side, or whose answer a crash lost. Docker does not
+		// delete such an endpoint; it may try again. The old one goes.
+		old, gerr := d.o.Store.GetAttachment(ctx, k)
+		if gerr == nil {
+			gerr = d.removeEndpoint(ctx, old)
 		}
+		if gerr != nil {
+			return nil, fmt.Errorf("endpoint %s already exists, and its remains cannot be removed: %w", r.EndpointID, gerr)
+		}
+		d.log.Warn("docker: endpoint created again; its earlier remains removed", "network", r.NetworkID, "endpoint", r.EndpointID)
+		err = d.o.Store.PutAttachment(ctx, a)
+	}
+	if err != nil {
 		return nil, err
 	}
 	bg := context.WithoutCancel(ctx)
@@ -466,18 +487,28 @@ func halves(p netip.Prefix) []netip.Prefix {
 func (d *Driver) deleteEndpoint(ctx context.Context, r *endpointRequest) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
+	if err := validIDs(r.NetworkID, r.EndpointID); err != nil {
+		return err
+	}
+	defer d.endpoints.Lock(endpointKey(r.NetworkID, r.EndpointID).String())()
 	a, err := d.endpoint(ctx, r)
 	if err != nil {
 		return err
 	}
-	if err := d.o.Dataplane.Teardown(a.HostLink, "", "", a.Addrs); err != nil {
-		return fmt.Errorf("tear down endpoint %s: %w", r.EndpointID, err)
-	}
-	if err := d.o.Store.DeleteAttachment(ctx, a.AttachmentKey); err != nil {
+	if err := d.removeEndpoint(ctx, a); err != nil {
 		return err
 	}
 	d.log.Info("docker: endpoint deleted", "network", r.NetworkID, "endpoint", r.EndpointID)
 	return nil
+}
+
+// removeEndpoint tears down an endpoint's link (with its routes) and
+// deletes its record; its addresses are the leases' (Borrowed).
+func (d *Driver) removeEndpoint(ctx context.Context, a store.Attachment) error {
+	if err := d.o.Dataplane.Teardown(a.HostLink, "", "", a.Addrs); err != nil {
+		return fmt.Errorf("tear down endpoint %s: %w", a.ContainerID, err)
+	}
+	return d.o.Store.DeleteAttachment(ctx, a.AttachmentKey)
 }
 
 func randomMAC() net.HardwareAddr {

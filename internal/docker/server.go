@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/internal/dataplane"
+	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/ipam"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/unixsock"
@@ -82,6 +83,8 @@ type Driver struct {
 	// mu orders network-level changes (pools, networks: rare) against
 	// everything else; endpoint and address calls share it.
 	mu sync.RWMutex
+	// endpoints serialises the calls of one endpoint (by record key).
+	endpoints keylock.Locks
 }
 
 // New returns a Driver; it does not listen (see Handler and Listen).
