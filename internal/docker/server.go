@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/skeinnet/skein/internal/dataplane"
-	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/ipam"
+	"github.com/skeinnet/skein/internal/keylock"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/unixsock"
 )
