@@ -55,6 +55,9 @@ func (p *pods) Attach(ctx context.Context, in *rpc.PodAttachRequest) (*rpc.PodSt
 		return nil, st.Err()
 	case "plain":
 		return nil, errors.New("a plain error")
+	case "panic":
+		var none []int
+		return &rpc.PodStatus{Id: fmt.Sprint(none[0])}, nil
 	case "big":
 		// A reply larger than a socket's buffers.
 		return &rpc.PodStatus{Id: in.Id, Netns: strings.Repeat("x", 4<<20)}, nil
@@ -174,6 +177,10 @@ func TestErrors(t *testing.T) {
 	}
 	if err := conn.Invoke(context.Background(), "/skein.v1.Nope/Call", &rpc.Empty{}, &rpc.Empty{}); status.Code(err) != codes.Unimplemented {
 		t.Errorf("unknown method: got %v", err)
+	}
+	// A method that panics (a bug) fails its call alone, as Internal.
+	if _, err := attach(context.Background(), c, "panic"); status.Code(err) != codes.Internal || !strings.Contains(status.Convert(err).Message(), "index out of range") {
+		t.Errorf("a panicking method: got %v", err)
 	}
 	// Errors leave the connection usable.
 	if _, err := attach(context.Background(), c, "ok"); err != nil {

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -189,7 +191,14 @@ func (s *Server) call(c net.Conn, r *bufio.Reader, req request, out []byte) (_ [
 }
 
 // run calls the method, decoding the message into what its handler asks.
-func (s *Server) run(ctx context.Context, req request) (any, error) {
+// A panic in it (a bug) fails this call alone, as Internal.
+func (s *Server) run(ctx context.Context, req request) (_ any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			slog.Error("a call panicked (a bug: please report it)", "method", req.method, "panic", p, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "skeind failed this call on a bug (its log has the details): %v", p)
+		}
+	}()
 	m, ok := s.methods[req.method]
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "unknown method %s", req.method)

@@ -128,7 +128,12 @@ func (s *cniServer) addPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	// attachment's own record; GC leaves it alone while its ADD runs
 	key := cniRecordKey(req.ContainerId, conf.Name, req.Ifname)
 	defer s.d.adds.begin(podAddKey(key))()
-	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, Key: key, NetNS: req.Netns, Networks: sels, Owner: cniOwner(conf.Name)})
+	adm, err := s.admission(req.Args)
+	if err != nil {
+		return nil, err
+	}
+	res, err := pods.Attach(ctx, kurma.AttachRequest{ID: req.ContainerId, Key: key, NetNS: req.Netns, Networks: sels, Owner: cniOwner(conf.Name),
+		Admit: func(n kurma.Network) error { return adm.checkNet(ctx, n) }})
 	if err != nil {
 		return nil, podsCNIError(fmt.Errorf("networks from %s: %w", from, err))
 	}
@@ -176,7 +181,7 @@ func (s *cniServer) delPods(ctx context.Context, req *rpc.CNIRequest, m metaConf
 	}
 	lost := kurma.AttachRequest{ID: req.ContainerId, Key: key, NetNS: req.Netns}
 	if sels, _, err := podSelections(m, req.Args, req.Ifname, kurma.Defaults(pods.Networks())); err == nil {
-		lost.Networks = sels
+		lost.Networks = s.admittedOnly(ctx, pods.Networks(), sels, req.Args)
 	}
 	nsPath := req.Netns
 	if nsPath != "" && netns.IsNetNS(nsPath) != nil {
@@ -385,40 +390,89 @@ type namespaceLabels interface {
 // without K8S_POD_NAMESPACE (a runtime on the host, not a kubelet) is not
 // a tenant's and is not checked.
 func (s *cniServer) admitNetworks(ctx context.Context, nets []kurma.Network, sels []kurma.Selection, cniArgs string) error {
-	args, err := cni.ParseArgs(cniArgs)
+	a, err := s.admission(cniArgs)
 	if err != nil {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: "+err.Error(), "")
+		return err
 	}
-	ns := args["K8S_POD_NAMESPACE"]
-	if ns == "" {
+	for _, sel := range sels {
+		if err := a.check(ctx, nets, sel); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// admittedOnly is sels without the networks the pod's namespace may not
+// use: what a DEL that finds no record may run the dels of. A tenant who
+// was refused a network at ADD (the runtime DELs after a failed ADD)
+// must not get its plugin run that way either.
+func (s *cniServer) admittedOnly(ctx context.Context, nets []kurma.Network, sels []kurma.Selection, cniArgs string) []kurma.Selection {
+	a, err := s.admission(cniArgs)
+	if err != nil {
 		return nil
 	}
-	var labels map[string]string
-	labelsRead := false
+	var out []kurma.Selection
 	for _, sel := range sels {
-		n, ok := kurma.Find(nets, sel.Network)
+		if err := a.check(ctx, nets, sel); err != nil {
+			s.d.log.Warn("cni: DEL without a record leaves a network alone the pod may not use", "network", sel.Network, "err", err)
+			continue
+		}
+		out = append(out, sel)
+	}
+	return out
+}
+
+// admission checks the networks of one request (admitNetworks).
+type admission struct {
+	s          *cniServer
+	ns         string // K8S_POD_NAMESPACE; "" checks nothing
+	labels     map[string]string
+	labelsRead bool
+}
+
+func (s *cniServer) admission(cniArgs string) (*admission, error) {
+	args, err := cni.ParseArgs(cniArgs)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: "+err.Error(), "")
+	}
+	return &admission{s: s, ns: args["K8S_POD_NAMESPACE"]}, nil
+}
+
+func (a *admission) check(ctx context.Context, nets []kurma.Network, sel kurma.Selection) error {
+	if a.ns == "" {
+		return nil
+	}
+	n, ok := kurma.Find(nets, sel.Network)
+	if !ok {
+		return nil // Attach reports an unknown network; a DEL has none to run
+	}
+	return a.checkNet(ctx, n)
+}
+
+// checkNet is check for a network's definition.
+func (a *admission) checkNet(ctx context.Context, n kurma.Network) error {
+	if a.ns == "" {
+		return nil
+	}
+	if n.NeedsLabels() && !a.labelsRead {
+		nl, ok := a.s.d.st.(namespaceLabels)
 		if !ok {
-			continue // Attach reports an unknown network
-		}
-		if n.NeedsLabels() && !labelsRead {
-			nl, ok := s.d.st.(namespaceLabels)
-			if !ok {
-				return types.NewError(cni.CodeNetworkNotAllowed, fmt.Sprintf(
-					"pod network %q: its namespaceSelector needs namespaces' labels, which only skeind --store kubernetes reads; list namespace %q in allowedNamespaces instead", n.Name, ns), "")
-			}
-			if labels, err = nl.NamespaceLabels(ctx, ns); err != nil {
-				return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod network %q: the labels of namespace %q cannot be read: %v", n.Name, ns, err), "")
-			}
-			labelsRead = true
-		}
-		if !n.Admits(ns, labels) {
-			why := "its allowedNamespaces and namespaceSelector do not include it"
-			if !n.Restricted() {
-				why = "the network is not a default network and lists no allowedNamespaces or namespaceSelector"
-			}
 			return types.NewError(cni.CodeNetworkNotAllowed, fmt.Sprintf(
-				"pod network %q may not be used by pods of namespace %q: %s", n.Name, ns, why), "")
+				"pod network %q: its namespaceSelector needs namespaces' labels, which only skeind --store kubernetes reads; list namespace %q in allowedNamespaces instead", n.Name, a.ns), "")
 		}
+		labels, err := nl.NamespaceLabels(ctx, a.ns)
+		if err != nil {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod network %q: the labels of namespace %q cannot be read: %v", n.Name, a.ns, err), "")
+		}
+		a.labels, a.labelsRead = labels, true
+	}
+	if !n.Admits(a.ns, a.labels) {
+		why := "its allowedNamespaces and namespaceSelector do not include it"
+		if !n.Restricted() {
+			why = "the network is not a default network and lists no allowedNamespaces or namespaceSelector"
+		}
+		return types.NewError(cni.CodeNetworkNotAllowed, fmt.Sprintf(
+			"pod network %q may not be used by pods of namespace %q: %s", n.Name, a.ns, why), "")
 	}
 	return nil
 }

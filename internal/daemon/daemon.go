@@ -11,11 +11,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/api/rpcwire"
@@ -250,7 +253,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := d.startPods(ctx); err != nil {
 		return nil, fmt.Errorf("pod networks: %w", err)
 	}
-	d.grpc = grpc.NewServer()
+	d.grpc = grpc.NewServer(grpc.UnaryInterceptor(recoverUnary(d.log)))
 	d.frames = rpcwire.NewServer()
 	cs := &cniServer{d: d}
 	rpc.RegisterCNIServer(d.GRPC(), cs)
@@ -475,5 +478,20 @@ func (d *Daemon) exportBlocks() {
 	defer d.exportMu.Unlock()
 	if err := d.dp.SetExportedBlocks(d.ipam.OwnedBlocks()); err != nil {
 		d.log.Error("export block routes", "err", err)
+	}
+}
+
+// recoverUnary fails a gRPC call whose handler panics (a bug) with
+// Internal, as rpcwire and the CNI binaries' calls do, instead of taking
+// skeind down with every call in flight.
+func recoverUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (_ any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("a call panicked (a bug: please report it)", "method", info.FullMethod, "panic", p, "stack", string(debug.Stack()))
+				err = status.Errorf(codes.Internal, "skeind failed this call on a bug (its log has the details): %v", p)
+			}
+		}()
+		return h(ctx, req)
 	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -93,6 +94,9 @@ func parseNetworkList(s string) ([]kurma.Selection, error) {
 		if err := json.Unmarshal([]byte(s), &items); err != nil {
 			return nil, fmt.Errorf("a JSON list of networks: %w", err)
 		}
+		if len(items) == 0 {
+			return nil, errors.New("an empty list of networks: a pod has at least one (leave the annotation out for the default networks)")
+		}
 		var out []kurma.Selection
 		for _, it := range items {
 			var name string
@@ -171,6 +175,9 @@ func podSelections(m metaConf, cniArgs, ifname string, defaults []string) ([]kur
 			return nil, "", types.NewError(types.ErrInvalidNetworkConfig,
 				"the pod names no networks (annotation "+NetworksAnnotation+" or CNI_ARGS "+NetworksArg+") and skeind has no default pod network", "")
 		}
+	}
+	if len(sels) == 0 { // each source refuses an empty list; never index one
+		return nil, "", types.NewError(types.ErrInvalidNetworkConfig, from+": no networks", "")
 	}
 	switch first := &sels[0]; {
 	case first.IfName == "":

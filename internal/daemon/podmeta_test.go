@@ -79,6 +79,10 @@ func TestPodSelections(t *testing.T) {
 		{"empty item", ann("a,,b"), "", nil, nil, types.ErrInvalidNetworkConfig, "not a valid network name"},
 		{"bad ifname", ann("a,b@this-name-is-far-too-long"), "", nil, nil, types.ErrInvalidNetworkConfig, "b@"},
 		{"bad JSON", ann(`[{"name":"a","iface":"x"}]`), "", nil, nil, types.ErrInvalidNetworkConfig, "unknown field"},
+		// A tenant's "[]" crashed skeind (an index into an empty list), on
+		// the ADD and again on every retry and DEL.
+		{"empty JSON list", ann(`[]`), "", []string{"d"}, nil, types.ErrInvalidNetworkConfig, "an empty list of networks"},
+		{"empty JSON list, spaced", ann(" [ ] "), "", nil, nil, types.ErrInvalidNetworkConfig, "an empty list of networks"},
 		{"JSON in CNI_ARGS", metaConf{}, `SKEIN_NETWORKS=["a"]`, nil, nil, types.ErrInvalidEnvironmentVariables, "JSON only in the annotation"},
 		{"bad CNI_ARGS", metaConf{}, "garbage", nil, nil, types.ErrInvalidEnvironmentVariables, "KEY=VALUE"},
 		{"bad name in CNI_ARGS", metaConf{}, "SKEIN_NETWORKS=a/b", nil, nil, types.ErrInvalidEnvironmentVariables, "CNI_ARGS SKEIN_NETWORKS"},

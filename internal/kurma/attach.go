@@ -49,6 +49,12 @@ type AttachRequest struct {
 	// Owner, when the pod has no record yet, is kept in it (PodRecord.Owner):
 	// which front door made it (the CNI meta mode's GC collects only its own).
 	Owner string
+	// Admit, when set, may refuse a network: called with each network's
+	// definition from the same read of the configuration the attach is
+	// planned from, so a reload in between cannot slip an unchecked
+	// network (or an allow-list just changed) past it. Its error is the
+	// call's, as it is.
+	Admit func(Network) error
 }
 
 // key is the request's record key.
@@ -381,6 +387,11 @@ func (m *Manager) plan(req AttachRequest, rec PodRecord) ([]planned, error) {
 		n, ok := Find(nets, s.Network)
 		if !ok {
 			return nil, fmt.Errorf("%w: unknown network %q", ErrBadRequest, s.Network)
+		}
+		if req.Admit != nil {
+			if err := req.Admit(n); err != nil {
+				return nil, err
+			}
 		}
 		if attached[n.Name] {
 			return nil, fmt.Errorf("%w: pod %s is already attached to network %q (or asks for it twice)", ErrBadRequest, req.ID, n.Name)

@@ -110,6 +110,11 @@ func parseAllowList(n *Network, obj map[string]json.RawMessage) error {
 		}
 	}
 	if raw, ok := obj["namespaceSelector"]; ok {
+		// null would decode as the empty selector, which admits every
+		// namespace: in JSON and in Kubernetes null means "not given".
+		if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			return errors.New(`namespaceSelector: null; leave it out (only allowedNamespaces then), or write {} to admit every namespace`)
+		}
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		var sel NamespaceSelector

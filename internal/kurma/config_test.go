@@ -179,6 +179,9 @@ func TestAllowList(t *testing.T) {
 		`{` + base + `,"namespaceSelector":{"matchExpressions":[{"key":"team","operator":"In","values":["blue"]}]}}`,
 		`{` + base + `,"namespaceSelector":{"matchLabels":{"":"x"}}}`,
 		`{` + base + `,"namespaceSelector":["team"]}`,
+		// null decoded as {} and admitted every namespace.
+		`{` + base + `,"allowedNamespaces":["team-blue"],"namespaceSelector":null}`,
+		`{` + base + `,"namespaceSelector": null }`,
 	} {
 		if _, err := parse(bad); err == nil {
 			t.Errorf("%s: accepted", bad)

@@ -210,6 +210,14 @@ func TestBadInput(t *testing.T) {
 		{"netns pinned in /", kurma.AttachRequest{ID: uuid1, NetNS: rootPin, Networks: sel("good")}, "pinned in /", nil},
 		{"the node's netns", kurma.AttachRequest{ID: uuid1, NetNS: w.node.Path(), Networks: sel("good")}, "node's network namespace", nil},
 		{"bad image", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "noimage")}, "nonexistent", nil},
+		// The front door's admission, called from the plan's own read of
+		// the configuration, refuses before anything is made.
+		{"not admitted", kurma.AttachRequest{ID: uuid1, NetNS: ns.Path(), Networks: sel("good", "oldstyle"), Admit: func(n kurma.Network) error {
+			if n.Name == "oldstyle" {
+				return fmt.Errorf("%w: network %q not for this pod", kurma.ErrBadRequest, n.Name)
+			}
+			return nil
+		}}, `network "oldstyle" not for this pod`, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			target := ns

@@ -1,6 +1,10 @@
 package kurma
 
 import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -44,12 +48,12 @@ func TestMetaAllowList(t *testing.T) {
 	c := d.CNI()
 	list := metaList(t, d)
 
-	refused := []struct{ ns, networks, want string }{
-		{"team-red", "pool, blue@net1", `pod network "blue" may not be used by pods of namespace "team-red"`},
-		{"team-blue", "pool, green@net2", `pod network "green" may not be used by pods of namespace "team-blue": the network is not a default network`},
+	refused := []struct{ ns, networks, want, net string }{
+		{"team-red", "pool, blue@net1", `pod network "blue" may not be used by pods of namespace "team-red"`, "blue"},
+		{"team-blue", "pool, green@net2", `pod network "green" may not be used by pods of namespace "team-blue": the network is not a default network`, "green"},
 		// The second network is refused after nothing was made for the first.
-		{"team-blue", "pool, blue@net1, green@net2", `pod network "green"`},
-		{"team-blue", "pool, red@net3", "only skeind --store kubernetes reads"},
+		{"team-blue", "pool, blue@net1, green@net2", `pod network "green"`, "green"},
+		{"team-blue", "pool, red@net3", "only skeind --store kubernetes reads", "red"},
 	}
 	for i, r := range refused {
 		pod := harness.NewNS(t, "pod")
@@ -66,6 +70,27 @@ func TestMetaAllowList(t *testing.T) {
 			t.Errorf("%s asking for %q: records left: %v", r.ns, r.networks, atts)
 		}
 		harness.AssertSame(t, before, harness.Snapshot(t, node))
+		// The runtime's DEL after the failed ADD (containerd always
+		// sends one) finds no record; it must not run the refused
+		// network's plugin either (nor unpack its image, nor start its
+		// main exec).
+		if err := c.DelNetworkList(ctx(t), list, rt); err != nil {
+			t.Errorf("%s asking for %q: the DEL after the refusal: %v", r.ns, r.networks, err)
+		}
+		if _, err := os.Stat(filepath.Join(d.Dir, "state", "pod-networks", r.net)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s asking for %q: the DEL after the refusal ran network %q (its state directory: %v)", r.ns, r.networks, r.net, err)
+		}
+		harness.AssertSame(t, before, harness.Snapshot(t, node))
+	}
+
+	// A tenant's "[]" crashed skeind, on the ADD and on every retry and
+	// DEL: now a clear refusal, and skeind serves the next pod.
+	empty := kubeletPod("empty-list", harness.NewNS(t, "pod").Path(), "team-blue", "[]")
+	if _, err := c.AddNetworkList(ctx(t), list, empty); skeintest.ErrCode(err) != 7 || !strings.Contains(err.Error(), "empty list") {
+		t.Errorf(`ADD with "[]": %v, want code 7 naming the empty list`, err)
+	}
+	if err := c.DelNetworkList(ctx(t), list, empty); err != nil {
+		t.Errorf(`DEL with "[]": %v`, err)
 	}
 
 	// Admitted: blue from its namespace; the defaults from any namespace;

@@ -8,6 +8,8 @@ package wireserver
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -61,7 +63,7 @@ func RunHandler(services map[string]rpc.CNIMethods) cniwire.RunHandler {
 				}
 				return nil, cniplugin.CallFailed(verb, int(codes.Unimplemented), msg, timeout)
 			}
-			rep, err := methodOf(m, verb)(ctx, &rpc.CNIRequest{
+			rep, err := call(methodOf(m, verb), ctx, &rpc.CNIRequest{
 				ContainerId: a.ContainerID, Netns: a.Netns, Ifname: a.IfName, Args: a.Args, Path: a.Path, Netconf: a.StdinData,
 			})
 			if err != nil {
@@ -74,4 +76,18 @@ func RunHandler(services map[string]rpc.CNIMethods) cniwire.RunHandler {
 			return rep.Result, nil
 		})
 	}
+}
+
+// call runs a method; a panic in it (a bug) fails this call alone, with
+// an Internal error, instead of taking skeind and every other call down
+// with it: a runtime retries an ADD it saw fail, and a panic that input
+// can trigger would otherwise crash skeind again on every retry.
+func call(f func(context.Context, *rpc.CNIRequest) (*rpc.CNIReply, error), ctx context.Context, r *rpc.CNIRequest) (rep *rpc.CNIReply, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			slog.Error("a CNI call panicked (a bug: please report it)", "container", r.ContainerId, "panic", p, "stack", string(debug.Stack()))
+			rep, err = nil, status.Errorf(codes.Internal, "skeind failed this call on a bug (its log has the details): %v", p)
+		}
+	}()
+	return f(ctx, r)
 }

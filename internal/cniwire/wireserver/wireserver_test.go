@@ -17,11 +17,15 @@ import (
 type fakeCNI struct {
 	reply *rpc.CNIReply
 	err   error
+	panic any // when set, every method panics with it
 	got   []string
 }
 
 func (f *fakeCNI) call(name string, r *rpc.CNIRequest) (*rpc.CNIReply, error) {
 	f.got = append(f.got, name+" "+r.ContainerId+" "+r.Ifname)
+	if f.panic != nil {
+		panic(f.panic)
+	}
 	return f.reply, f.err
 }
 func (f *fakeCNI) Add(_ context.Context, r *rpc.CNIRequest) (*rpc.CNIReply, error) {
@@ -93,5 +97,19 @@ func TestRunHandler(t *testing.T) {
 	}
 	if code, msg := specCode(t, h(ctx, exec("skein.v1.Other", "ADD"))); code != 50 || !strings.Contains(msg, "skein.v1.Other") {
 		t.Errorf("unknown service: %d %q", code, msg)
+	}
+}
+
+// TestRunHandlerPanic: a method that panics (a bug input can trigger)
+// fails its own call with a spec error, and skeind goes on serving.
+func TestRunHandlerPanic(t *testing.T) {
+	f := &fakeCNI{panic: "index out of range [0] with length 0"}
+	h := RunHandler(map[string]rpc.CNIMethods{"skein.v1.CNI": f})
+	if code, msg := specCode(t, h(context.Background(), exec("skein.v1.CNI", "ADD"))); code != 999 || !strings.Contains(msg, "index out of range") {
+		t.Errorf("a panicking ADD: %d %q, want 999 naming the panic", code, msg)
+	}
+	f.panic, f.reply = nil, &rpc.CNIReply{Result: []byte(`{}`)}
+	if rep := h(context.Background(), exec("skein.v1.CNI", "DEL")); rep.Exit != 0 {
+		t.Errorf("the next call: exit %d %s", rep.Exit, rep.Stdout)
 	}
 }
