@@ -80,7 +80,9 @@
 //     process making another architecture's system calls (see
 //     deniedSyscalls);
 //   - sees /proc and /sys with the host's knobs read-only or masked, and a
-//     state directory that cannot grow past Options.StateSize.
+//     state directory that cannot grow past Options.StateSize;
+//   - leads a session of its own, with no controlling terminal (not the
+//     one of a daemon started from a shell).
 //
 // What it does not guarantee. A plugin is root with CAP_NET_ADMIN and
 // CAP_SYS_ADMIN in the node's network namespace, as the contract requires:

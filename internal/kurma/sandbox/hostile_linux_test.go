@@ -1,13 +1,16 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,6 +142,52 @@ func TestHostileMemory(t *testing.T) {
 		}
 		assertNoCgroups(t, e.sb)
 	})
+}
+
+// TestHostileTerminal: a daemon started from a shell has a controlling
+// terminal; a call must not, else a plugin could open it through /dev/tty
+// and, with CAP_SYS_ADMIN, push input into the administrator's shell
+// (TIOCSTI). The test gives a child daemon a pseudo-terminal of its own.
+func TestHostileTerminal(t *testing.T) {
+	e := newEnv(t, Options{Prestart: -1})
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here (/dev/ptmx: %v)", err)
+	}
+	defer ptmx.Close()
+	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pts, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pts.Close()
+	raw, err := json.Marshal(e.spec(`{"mode":"hostile","probe":"tty"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), ttyParentEnv+"="+string(raw), ttyParentEnv+"_SCRATCH="+filepath.Join(e.dir, "tty-scratch"))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, &out, &errOut
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("the daemon with a terminal: %v\n%s", err, errOut.String())
+	}
+	r := map[string]any{}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	t.Logf("probe tty: %v", r)
+	if r["ttyNr"] != "0" {
+		t.Errorf("the call has a controlling terminal (tty_nr %v)", r["ttyNr"])
+	}
+	wantErr(t, r, "devTty", "no such device or address")
 }
 
 // TestHostilePrivileges: no module loading, mounting, unmounting the masks,

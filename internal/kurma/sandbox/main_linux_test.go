@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if raw := os.Getenv(parentEnv); raw != "" {
 		os.Exit(dyingParent(raw))
 	}
+	if raw := os.Getenv(ttyParentEnv); raw != "" {
+		os.Exit(ttyParent(raw))
+	}
 	os.Exit(run(m))
 }
 
@@ -62,6 +65,32 @@ func dyingParent(raw string) int {
 	_, err = sb.Run(context.Background(), spec)
 	fmt.Fprintln(os.Stderr, "the call returned before the parent died:", err)
 	return 1
+}
+
+// ttyParentEnv makes the test binary a daemon with a controlling
+// terminal (skeind started from a shell) that runs one call, the Spec in
+// the variable, and prints its output.
+const ttyParentEnv = "SANDBOX_TEST_TTY_PARENT"
+
+func ttyParent(raw string) int {
+	var spec Spec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sb, err := New(Options{ScratchDir: os.Getenv(ttyParentEnv + "_SCRATCH"), Prestart: -1})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer sb.Close()
+	res, err := sb.Run(context.Background(), spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	os.Stdout.Write(res.Stdout)
+	return 0
 }
 
 func run(m *testing.M) int {

@@ -488,10 +488,14 @@ func (s *Sandbox) initCommand(ctx context.Context, env ...string) *exec.Cmd {
 	cmd.Env = append(env, "GOMAXPROCS=1")
 	cmd.Dir = "/"
 	// The init is PID 1 of the new PID namespace: SIGKILL to it (timeout,
-	// cancel) takes the whole tree with it.
+	// cancel) takes the whole tree with it. It leads a session of its own,
+	// as runc's inits do: without a controlling terminal, a plugin could
+	// open skeind's through /dev/tty (skeind started from a shell) and,
+	// with CAP_SYS_ADMIN, push input into it (TIOCSTI).
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
 		Pdeathsig:  syscall.SIGKILL,
+		Setsid:     true,
 	}
 	return cmd
 }

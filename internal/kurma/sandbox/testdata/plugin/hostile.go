@@ -54,6 +54,20 @@ func hostile(c config) {
 		r["acpi"] = fmt.Sprintf("%d entries %s", len(ents), errs(err))
 	case "shocker":
 		shocker(r, errs)
+	case "tty":
+		// The controlling terminal, if the call has one: its number in
+		// /proc/self/stat, and whether /dev/tty opens. Nothing is typed.
+		stat, _ := os.ReadFile("/proc/self/stat")
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+			if f := strings.Fields(string(stat)[i+1:]); len(f) > 4 {
+				r["ttyNr"] = f[4]
+			}
+		}
+		fd, err := unix.Open("/dev/tty", unix.O_RDWR|unix.O_NOCTTY, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		r["devTty"] = errs(err)
 	case "forkbomb":
 		started := 0
 		var firstErr error
