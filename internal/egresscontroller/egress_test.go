@@ -14,6 +14,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
@@ -730,6 +731,40 @@ func TestTemplateViolations(t *testing.T) {
 		{"privileged router", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}}, true},
 		{"a command of its own", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", Command: []string{"sh"}}}}, true},
 		{"pod securityContext", corev1.PodSpec{SecurityContext: &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](0)}}, true},
+		// What the router container is made privileged with must not run
+		// the tenant's programs: hooks, exec probes, volumes bringing
+		// them, arguments of its own. A review found each accepted.
+		{"postStart exec", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", Lifecycle: &corev1.Lifecycle{
+			PostStart: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"/tools/payload"}}}}}}}, true},
+		{"liveness exec probe", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", LivenessProbe: execProbe}}}, true},
+		{"readiness exec probe", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", ReadinessProbe: execProbe}}}, true},
+		{"startup exec probe", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", StartupProbe: execProbe}}}, true},
+		{"image volume mounted in the router", corev1.PodSpec{
+			Volumes:    []corev1.Volume{{Name: "tools", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "tenant.example/tools:1"}}}},
+			Containers: []corev1.Container{{Name: "egress", VolumeMounts: []corev1.VolumeMount{{Name: "tools", MountPath: "/tools"}}}}}, true},
+		{"configMap volume", corev1.PodSpec{Volumes: []corev1.Volume{{Name: "c", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}}}}, true},
+		{"hostPort", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress",
+			Ports: []corev1.ContainerPort{{ContainerPort: 22, HostPort: 22, Protocol: corev1.ProtocolTCP}}}}}, true},
+		{"arguments of its own (another Egress)", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress",
+			Args: []string{"--egress-name", "theirs", "--egress-namespace", "other-team"}}}}, true},
+		{"the controller's variables", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress",
+			Env: []corev1.EnvVar{{Name: "POD_NAMESPACE", Value: "other-team"}}}}}, true},
+		{"envFrom", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", EnvFrom: []corev1.EnvFromSource{{Prefix: "X"}}}}}, true},
+		{"a terminal", corev1.PodSpec{Containers: []corev1.Container{{Name: "egress", TTY: true, Stdin: true}}}, true},
+		{"nodeName past the scheduler", corev1.PodSpec{NodeName: "control-plane"}, true},
+		{"a runtime class", corev1.PodSpec{RuntimeClassName: ptr.To("unconfined")}, true},
+		{"shared process namespace", corev1.PodSpec{ShareProcessNamespace: ptr.To(true)}, true},
+		{"another scheduler", corev1.PodSpec{SchedulerName: "mine"}, true},
+		{"where it runs and how it is pulled", corev1.PodSpec{
+			Affinity:                      &corev1.Affinity{},
+			TopologySpreadConstraints:     []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "zone"}},
+			PriorityClassName:             "high",
+			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			DNSPolicy:                     corev1.DNSDefault,
+			ImagePullSecrets:              []corev1.LocalObjectReference{{Name: "pull"}},
+			Containers: []corev1.Container{{Name: "egress", ImagePullPolicy: corev1.PullAlways,
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}}},
+		}, false},
 	}
 	for _, tc := range cases {
 		eg := newEgress("x", "198.51.100.0/24")
@@ -738,7 +773,20 @@ func TestTemplateViolations(t *testing.T) {
 			t.Errorf("%s: violations %v, want refused=%v", tc.name, v, tc.bad)
 		}
 	}
+	for ann, bad := range map[string]bool{
+		"prometheus.io/scrape": false, "team": false, "example.com/owner": false,
+		"skein.dev/networks": true, "egress.skein.dev/x": true, "container.apparmor.security.beta.kubernetes.io/egress": true,
+		"kubernetes.io/ingress-bandwidth": true,
+	} {
+		eg := newEgress("x", "198.51.100.0/24")
+		eg.Spec.Template = &skeinv1.EgressPodTemplate{Metadata: skeinv1.EgressPodMetadata{Annotations: map[string]string{ann: "1"}}}
+		if v := templateViolations(eg, img); (len(v) > 0) != bad {
+			t.Errorf("annotation %s: violations %v, want refused=%v", ann, v, bad)
+		}
+	}
 }
+
+var execProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/tools/payload"}}}}
 
 // TestEgressTemplatePolicy: an Egress author cannot get through the
 // controller what they could not create themselves. A template with a
