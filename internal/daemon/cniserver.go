@@ -273,15 +273,18 @@ func (s *cniServer) status(ctx context.Context, req *rpc.CNIRequest) error {
 	if err != nil {
 		return err
 	}
-	u, err := s.d.ipam.Usage(ctx, conf.Pool)
-	if errors.Is(err, ipam.ErrPoolNotFound) {
+	// Room: an address of each family the pool has, in a block this
+	// node can hand out from or one it can claim (reserved blocks and
+	// each family counted apart): an ADD right after a STATUS that said
+	// yes gets its addresses, unless another call took them first.
+	err = s.d.ipam.Room(ctx, conf.Pool)
+	switch {
+	case errors.Is(err, ipam.ErrPoolNotFound):
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("pool %q does not exist", conf.Pool), "")
-	}
-	if err != nil {
+	case errors.Is(err, ipam.ErrExhausted):
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("pool %q is exhausted: %v", conf.Pool, err), "")
+	case err != nil:
 		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
-	}
-	if u.Free == 0 && u.Blocks >= u.TotalBlocks {
-		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("pool %q is exhausted", conf.Pool), "")
 	}
 	return nil
 }

@@ -476,7 +476,7 @@ func (d *Daemon) exportLoop(ctx context.Context) {
 func (d *Daemon) exportBlocks() {
 	d.exportMu.Lock()
 	defer d.exportMu.Unlock()
-	if err := d.dp.SetExportedBlocks(d.ipam.OwnedBlocks()); err != nil {
+	if err := d.dp.SetExportedBlocks(d.ipam.ExportedBlocks()); err != nil {
 		d.log.Error("export block routes", "err", err)
 	}
 }

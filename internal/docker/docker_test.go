@@ -543,3 +543,27 @@ func TestForgottenEndpoints(t *testing.T) {
 	}
 	e.createNetwork(t, netID[:63]+"e", "10.90.0.0/24", "", "", nil)
 }
+
+// TestDualStackSizes: a network whose IPv6 subnet is smaller than its
+// IPv4 one is refused at its creation, naming the sizes: it used to be
+// made with as many IPv4 addresses as the IPv6 subnet has (a /24 with a
+// /126 gave 3), and --ip in the rest of the /24 was "not in the pool".
+func TestDualStackSizes(t *testing.T) {
+	e := newTenv(t)
+	req := createNetworkRequest{NetworkID: netID, Options: map[string]any{optGeneric: map[string]any{}}}
+	for _, f := range []struct {
+		sn string
+		v6 bool
+	}{{"10.90.0.0/24", false}, {"fd00:90::/126", true}} {
+		r := e.call(t, "IpamDriver.RequestPool", requestPoolRequest{AddressSpace: LocalAddressSpace, Pool: f.sn, V6: f.v6})
+		gw := e.call(t, "IpamDriver.RequestAddress", requestAddressRequest{PoolID: r["PoolID"].(string),
+			Options: map[string]string{optRequestAddrType: addrTypeGateway}})["Address"].(string)
+		data := ipamData{AddressSpace: LocalAddressSpace, Pool: r["Pool"].(string), Gateway: gw}
+		if f.v6 {
+			req.IPv6Data = append(req.IPv6Data, data)
+		} else {
+			req.IPv4Data = append(req.IPv4Data, data)
+		}
+	}
+	e.fail(t, "NetworkDriver.CreateNetwork", req, "is smaller than the IPv4 subnet 10.90.0.0/24")
+}

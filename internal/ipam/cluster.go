@@ -43,6 +43,26 @@ type ClusterStore interface {
 	NodeBlocks(ctx context.Context, pool, node string) ([]store.Block, error)
 }
 
+// Fencer is a ClusterStore that can tell that this node must not act on
+// its blocks for now, though they are still its own as far as it knows:
+// the Kubernetes store once its node's liveness Lease may have expired
+// (the API server out of reach, or refusing the node), after which
+// skein-controller may give a deleted Node's blocks to other nodes. While
+// Fenced is not nil, no address is handed out (ErrTryAgain) and no block
+// is exported (ExportedBlocks); addresses already held stay, and so does
+// everything once it is nil again.
+type Fencer interface {
+	Fenced() error
+}
+
+// fenced is the store's Fenced, nil without a Fencer.
+func (m *Manager) fenced() error {
+	if f, ok := m.cluster.(Fencer); ok {
+		return f.Fenced()
+	}
+	return nil
+}
+
 // ClusterOptions tunes a Manager over a ClusterStore; the zero value is
 // usable.
 type ClusterOptions struct {
@@ -176,6 +196,9 @@ func (m *Manager) markLost(ps *poolState, b *blockState) {
 // under the pool's lock; when it needs a block, that is claimed without
 // the lock and the request is tried again.
 func (m *Manager) allocateCluster(ctx context.Context, ps *poolState, r Request, want4, want6 bool) ([]netip.Addr, error) {
+	if err := m.fenced(); err != nil {
+		return nil, fmt.Errorf("%w: no address is handed out: %w", ErrTryAgain, err)
+	}
 	for range maxCollisions {
 		addrs, err := m.allocateOnce(ctx, ps, r, want4, want6)
 		var need *needBlock
@@ -262,6 +285,11 @@ func (m *Manager) hasRoom(ps *poolState, v6 bool, within []netip.Prefix) bool {
 // A refused create marks the index taken and moves on; the same
 // index is never asked for twice.
 func (m *Manager) claimIndex(ctx context.Context, ps *poolState, pool string, geo *Geometry, ranges []indexRange, want *uint32) (store.Block, error) {
+	if err := m.fenced(); err != nil {
+		// Not even a spare: the fence lifts only once what this node owns
+		// was read again, which a claim meanwhile would race.
+		return store.Block{}, fmt.Errorf("%w: no block is claimed: %w", ErrTryAgain, err)
+	}
 	if want != nil {
 		ps.markClaiming(*want)
 		blk, err := m.st.ClaimBlock(ctx, pool, m.node, geo.Blocks(), want, nil)

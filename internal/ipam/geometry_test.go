@@ -91,6 +91,21 @@ func TestValidatePool(t *testing.T) {
 	if err := ValidatePool(&bad); err == nil || !strings.Contains(err.Error(), `invalid pool "p": subnet 10.0.0.1/24 has host bits set`) {
 		t.Fatalf("got %v", err)
 	}
+	// A dual-stack pool whose IPv6 subnet is smaller than its IPv4 one
+	// silently lost the IPv4 addresses beyond the IPv6 subnet's size
+	// (a /24 with a /126 gave 3 addresses).
+	for subnets, want := range map[string]string{
+		"10.90.0.0/24,fd00:90::/122": "give an IPv6 subnet of /120 or shorter",
+		"10.64.0.0/16,fd00::/120":    "only 2^8 of those IPv4 addresses could be used",
+		"10.1.0.0/24,fd00:1::/120,10.2.0.0/16,fd00:2::/112": "",
+		"10.1.0.0/24,fd00:1::/64":                           "",
+	} {
+		p := store.Pool{Name: "d", Subnets: prefixes(strings.Split(subnets, ",")...)}
+		err := ValidatePool(&p)
+		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {
+			t.Errorf("%s: %v, want %q", subnets, err, want)
+		}
+	}
 }
 
 func TestGeometryShape(t *testing.T) {

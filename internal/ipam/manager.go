@@ -64,6 +64,9 @@ type Manager struct {
 
 	mu    sync.RWMutex
 	pools map[string]*poolState
+	// gen counts each pool name's deletions (under mu): a state loaded
+	// from the store while the pool was deleted is not kept (pool).
+	gen map[string]uint64
 
 	// Run's work: pools to look at ("" = all), and its wake-up.
 	dirtyMu sync.Mutex
@@ -124,7 +127,7 @@ func NewManager(o Options) (*Manager, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	m := &Manager{st: o.Store, node: o.Node, changed: changed, log: log, pools: map[string]*poolState{},
+	m := &Manager{st: o.Store, node: o.Node, changed: changed, log: log, pools: map[string]*poolState{}, gen: map[string]uint64{},
 		copts: o.Cluster, dirty: map[string]bool{}, kickc: make(chan struct{}, 1)}
 	if cs, ok := o.Store.(ClusterStore); ok {
 		m.cluster = cs
@@ -152,6 +155,34 @@ func ValidatePool(p *store.Pool) error {
 	}
 	if _, err := NewGeometry(p.Subnets, p.BlockSizeBits, p.Reserved); err != nil {
 		return fmt.Errorf("%w %q: %v", ErrInvalidPool, p.Name, err)
+	}
+	if err := checkPairs(p.Subnets); err != nil {
+		return fmt.Errorf("%w %q: %v", ErrInvalidPool, p.Name, err)
+	}
+	return nil
+}
+
+// checkPairs refuses a dual-stack pool whose IPv6 subnet is smaller than
+// the IPv4 subnet it pairs with (the n-th of each family): a block pairs
+// an IPv4 range with an IPv6 one of the same size, so the IPv4 addresses
+// beyond the IPv6 subnet's size could never be handed out, and IPv4
+// addresses are the scarce ones. (A larger IPv6 subnet leaves only IPv6
+// addresses unused.) Pools stored before this check still load.
+func checkPairs(subnets []netip.Prefix) error {
+	var v4s, v6s []netip.Prefix
+	for _, p := range subnets {
+		if p.Addr().Is4() {
+			v4s = append(v4s, p)
+		} else {
+			v6s = append(v6s, p)
+		}
+	}
+	for i := range min(len(v4s), len(v6s)) {
+		host4, host6 := 32-v4s[i].Bits(), 128-v6s[i].Bits()
+		if host6 < host4 {
+			return fmt.Errorf("IPv6 subnet %v (2^%d addresses) is smaller than the IPv4 subnet %v (2^%d) it pairs with: only 2^%d of those IPv4 addresses could be used; give an IPv6 subnet of /%d or shorter",
+				v6s[i], host6, v4s[i], host4, host6, 128-host4)
+		}
 	}
 	return nil
 }
@@ -218,6 +249,7 @@ func (m *Manager) DeletePool(ctx context.Context, name string) error {
 	}
 	m.mu.Lock()
 	delete(m.pools, name)
+	m.gen[name]++
 	m.mu.Unlock()
 	m.changed()
 	return nil
@@ -225,29 +257,40 @@ func (m *Manager) DeletePool(ctx context.Context, name string) error {
 
 // pool returns the in-memory state of a pool, loading it on first use.
 func (m *Manager) pool(ctx context.Context, name string) (*poolState, error) {
-	m.mu.RLock()
-	ps := m.pools[name]
-	m.mu.RUnlock()
-	if ps != nil {
-		return ps, nil
+	for try := 0; ; try++ {
+		m.mu.RLock()
+		ps, gen := m.pools[name], m.gen[name]
+		m.mu.RUnlock()
+		if ps != nil {
+			return ps, nil
+		}
+		def, err := m.st.GetPool(ctx, name)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("%w: %q", ErrPoolNotFound, name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if ps, err = m.newPoolState(ctx, def); err != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		if other := m.pools[name]; other != nil {
+			m.mu.Unlock()
+			return other, nil
+		}
+		if m.gen[name] == gen {
+			m.pools[name] = ps
+			m.mu.Unlock()
+			return ps, nil
+		}
+		m.mu.Unlock()
+		// Deleted while it was read (and perhaps made again): what was
+		// read may be the old pool. Read it again.
+		if try == 3 {
+			return nil, fmt.Errorf("%w: pool %q is being deleted and made again", ErrTryAgain, name)
+		}
 	}
-	def, err := m.st.GetPool(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %q", ErrPoolNotFound, name)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if ps, err = m.newPoolState(ctx, def); err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if other := m.pools[name]; other != nil {
-		return other, nil
-	}
-	m.pools[name] = ps
-	return ps, nil
 }
 
 // newPoolState is the in-memory state of pool def with the blocks the
@@ -441,8 +484,18 @@ func (m *Manager) Pool(ctx context.Context, name string) (store.Pool, *Geometry,
 	return ps.def, ps.geo, nil
 }
 
+// ExportedBlocks is OwnedBlocks while the node may act on its blocks,
+// and none while its store fences it (Fencer): another node may be
+// getting them, and two nodes must not route one block.
+func (m *Manager) ExportedBlocks() []netip.Prefix {
+	if m.fenced() != nil {
+		return nil
+	}
+	return m.OwnedBlocks()
+}
+
 // OwnedBlocks lists the prefixes of every block this node owns in the
-// pools loaded so far, for route export.
+// pools loaded so far.
 func (m *Manager) OwnedBlocks() []netip.Prefix {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -463,4 +516,73 @@ func (m *Manager) OwnedBlocks() []netip.Prefix {
 		ps.mu.Unlock()
 	}
 	return out
+}
+
+// Room is nil when an ADD on pool could get its addresses now, one of
+// each family the pool has: a free address in a block this node can hand
+// out from, or a block it could claim (not fully reserved, claimed by no
+// node). Otherwise it says which family has no room (ErrExhausted), or
+// why the node cannot hand out any (ErrTryAgain while fenced). It changes
+// nothing.
+func (m *Manager) Room(ctx context.Context, pool string) error {
+	ps, err := m.pool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if m.cluster != nil {
+		if err := m.fenced(); err != nil {
+			return fmt.Errorf("%w: %w", ErrTryAgain, err)
+		}
+	}
+	has4, has6 := ps.geo.Families()
+	need := map[bool]bool{}
+	if has4 {
+		need[false] = true
+	}
+	if has6 {
+		need[true] = true
+	}
+	ps.mu.Lock()
+	if ps.deleting {
+		ps.mu.Unlock()
+		return fmt.Errorf("%w: pool %q is being deleted", ErrExhausted, pool)
+	}
+	for _, b := range ps.blocks {
+		if b.lost || b.releasing || (m.cluster != nil && !m.cluster.Owns(pool, b.index, m.node)) {
+			continue
+		}
+		if b.v4 != nil && !b.v4.full() {
+			delete(need, false)
+		}
+		if b.v6 != nil && !b.v6.full() {
+			delete(need, true)
+		}
+	}
+	atLimit := m.cluster != nil && ps.def.MaxBlocksPerNode > 0 && ps.live() >= ps.def.MaxBlocksPerNode
+	ps.mu.Unlock()
+	if len(need) == 0 {
+		return nil
+	}
+	if atLimit {
+		return fmt.Errorf("%w: node %q holds %d blocks of pool %q, its maxBlocksPerNode, and they are full", ErrExhausted, m.node, ps.def.MaxBlocksPerNode, pool)
+	}
+	claimed, err := m.st.ListBlocks(ctx, pool)
+	if err != nil {
+		return err
+	}
+	taken := make([]uint32, 0, len(claimed))
+	for _, b := range claimed {
+		taken = append(taken, b.Index)
+	}
+	slices.Sort(taken)
+	for v6 := range need {
+		if _, ok := lowestFree(ps.geo.usableBlocks(nil, v6), taken); !ok {
+			fam := "IPv4"
+			if v6 {
+				fam = "IPv6"
+			}
+			return fmt.Errorf("%w: no free %s address in pool %q on this node, and no block left to claim", ErrExhausted, fam, pool)
+		}
+	}
+	return nil
 }

@@ -785,3 +785,54 @@ func TestDeletePoolReports(t *testing.T) {
 		t.Fatalf("a failed DeletePool reported %d changes", len(seen))
 	}
 }
+
+// listHookStore runs hook once, after the first ListBlocks it serves.
+type listHookStore struct {
+	store.Store
+	hook func()
+}
+
+func (s *listHookStore) ListBlocks(ctx context.Context, pool string) ([]store.Block, error) {
+	bs, err := s.Store.ListBlocks(ctx, pool)
+	if h := s.hook; h != nil {
+		s.hook = nil
+		h()
+	}
+	return bs, err
+}
+
+// TestDeletePoolDuringFirstLoad: a pool deleted (and made again with
+// other subnets) while its first load reads the store is not cached in
+// its old shape: the old blocks are not exported, and the new pool hands
+// out its own addresses only.
+func TestDeletePoolDuringFirstLoad(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	hs := &listHookStore{Store: st}
+	m := newManager(t, hs, "n1")
+	createPool(t, m, "p", []string{"10.0.0.0/24"}, 0)
+	if _, err := st.ClaimBlock(ctx, "p", "n1", 8, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	hs.hook = func() { // pool delete p; pool create p 10.9.0.0/24, meanwhile
+		if err := m.DeletePool(ctx, "p"); err != nil {
+			t.Fatal(err)
+		}
+		createPool(t, m, "p", []string{"10.9.0.0/24"}, 0)
+	}
+	if _, err := m.Usage(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range m.OwnedBlocks() {
+		if netip.MustParsePrefix("10.0.0.0/24").Overlaps(b) {
+			t.Errorf("block %v of the deleted pool is still exported", b)
+		}
+	}
+	a, err := m.Allocate(ctx, Request{Pool: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !netip.MustParsePrefix("10.9.0.0/24").Contains(a[0]) {
+		t.Errorf("pool p is 10.9.0.0/24 now, yet it handed out %v", a[0])
+	}
+}

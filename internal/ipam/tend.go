@@ -42,6 +42,7 @@ func (m *Manager) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(m.copts.Resync)
 	defer t.Stop()
+	var wasFenced error
 	for {
 		select {
 		case <-ctx.Done():
@@ -51,6 +52,16 @@ func (m *Manager) Run(ctx context.Context) {
 			m.dirtyMu.Lock()
 			m.dirty[""] = true // everything
 			m.dirtyMu.Unlock()
+		}
+		// The export follows the fence (ExportedBlocks) within a Resync.
+		if err := m.fenced(); (err != nil) != (wasFenced != nil) {
+			if err != nil {
+				m.log.Error("this node may no longer be the owner of its blocks: it hands out no address and routes none of them until it can prove it again", "err", err)
+			} else {
+				m.log.Info("this node's blocks are its own again: addresses handed out and routed")
+			}
+			wasFenced = err
+			m.changed()
 		}
 		if _, err := m.tend(ctx, false); err != nil && ctx.Err() == nil {
 			m.log.Warn("blocks: tending the pools failed (retried at the next change, or in a few seconds)", "err", err)
@@ -317,6 +328,9 @@ func sameBlocks(a, b *Geometry, order []uint32) bool {
 // from the store's blocks of this node, and the addresses attachments
 // still hold under the pool's name stay held wherever they fall in it.
 func (m *Manager) replace(ctx context.Context, ps *poolState, def store.Pool) error {
+	m.mu.RLock()
+	gen := m.gen[def.Name]
+	m.mu.RUnlock()
 	fresh, err := m.newPoolState(ctx, def)
 	if err != nil {
 		return err
@@ -336,6 +350,12 @@ func (m *Manager) replace(ctx context.Context, ps *poolState, def store.Pool) er
 	ps.deleting = true // the old state hands out nothing more
 	ps.claimed = true
 	m.mu.Lock()
+	if m.gen[def.Name] != gen || m.pools[def.Name] != ps {
+		// Deleted (or replaced) meanwhile: what was read is stale.
+		m.mu.Unlock()
+		m.kick(def.Name)
+		return nil
+	}
 	m.pools[def.Name] = fresh
 	m.mu.Unlock()
 	m.log.Warn("pool re-created or its blocks moved: its old geometry is dropped", "pool", def.Name,

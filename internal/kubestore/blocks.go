@@ -338,6 +338,16 @@ func (s *Store) ReleaseBlock(ctx context.Context, pool string, index uint32, nod
 		return nil // gone, or another block of that name: not ours
 	}
 	if err != nil {
+		// The delete may or may not have happened (its answer lost). If
+		// the block is still there, this node's and not being deleted, it
+		// is owned again: neither reported lost nor left unused for ever.
+		// If it cannot be read, it stays disowned (safe: nothing is handed
+		// out from it; at worst a false report).
+		cur := &skeinv1.AddressBlock{}
+		if gerr := s.client.Get(context.WithoutCancel(ctx), client.ObjectKey{Name: name}, cur); gerr == nil &&
+			cur.UID == uid && ownerOf(cur) == node && cur.DeletionTimestamp.IsZero() {
+			s.own(name, uid)
+		}
 		return fmt.Errorf("delete AddressBlock %s: %w", name, err)
 	}
 	return s.dropFinalizer(ctx, b)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -31,6 +33,11 @@ type leaseKeeper struct {
 	// last is the Lease as last written: a renewal is one update of it
 	// (no read first) unless someone else changed it meanwhile.
 	last *coordinationv1.Lease
+	// okSent is when the last renewal that succeeded was sent (zero:
+	// none yet): the Lease runs until at most okSent + duration, by this
+	// node's clock, since its renewTime is no later.
+	mu     sync.Mutex
+	okSent time.Time
 }
 
 func newLeaseKeeper(s *Store, namespace string, duration time.Duration) *leaseKeeper {
@@ -67,7 +74,20 @@ func (l *leaseKeeper) wait() { l.wg.Wait() }
 // logged (once until it works again) and retried at the next tick: the
 // Lease has three more chances before it expires.
 func (l *leaseKeeper) renew(ctx context.Context) {
+	sent := time.Now()
+	wasFenced := l.fenced() != nil
 	err := l.renewOnce(ctx)
+	if err == nil && wasFenced {
+		// While fenced the cache may have missed the blocks taken from
+		// this node (a watch cut off with the rest): what it owns is
+		// read from the API server itself before it acts again.
+		err = l.s.verifyOwned(ctx)
+	}
+	if err == nil {
+		l.mu.Lock()
+		l.okSent = sent
+		l.mu.Unlock()
+	}
 	switch {
 	case err != nil && !l.warned:
 		slog.Warn("cannot renew this node's liveness Lease (skein-controller may take the blocks of a deleted Node once it expires)",
@@ -80,6 +100,25 @@ func (l *leaseKeeper) renew(ctx context.Context) {
 	if err != nil {
 		l.s.m.leaseErrors.Inc()
 	}
+}
+
+// fenced is nil while the Lease this node last renewed still runs, and
+// otherwise says since when it may have expired: from then on
+// skein-controller may give the blocks of a deleted Node to other nodes,
+// so the node must neither hand out their addresses nor route them.
+func (l *leaseKeeper) fenced() error {
+	l.mu.Lock()
+	sent := l.okSent
+	l.mu.Unlock()
+	lease := l.namespace + "/" + skeinv1.NodeLeaseName(l.s.node)
+	if sent.IsZero() {
+		return fmt.Errorf("this node's liveness Lease %s has not been renewed since skeind started", lease)
+	}
+	if age := time.Since(sent); age > l.duration {
+		return fmt.Errorf("this node's liveness Lease %s was last renewed %s ago, longer than its %s: the API server is out of reach or refuses this node, and skein-controller may give its blocks to other nodes",
+			lease, age.Round(time.Second), l.duration)
+	}
+	return nil
 }
 
 func (l *leaseKeeper) renewOnce(ctx context.Context) error {
@@ -165,4 +204,49 @@ func (s *Store) event(reason, msg string) {
 	if err := s.client.Create(ctx, ev); err != nil {
 		slog.Warn("post event on the Node", "reason", reason, "err", err)
 	}
+}
+
+// Fenced is nil while this node's liveness Lease, as last renewed, still
+// runs (or the Store keeps none), and otherwise says why the node must not
+// act on its blocks: skein-controller may be giving them to other nodes
+// (ipam.Fencer). It answers from memory.
+func (s *Store) Fenced() error {
+	if s.lease == nil {
+		return nil
+	}
+	return s.lease.fenced()
+}
+
+// verifyOwned drops from the owned set every block the API server (a
+// live list, not the cache) no longer shows as this node's, with the same
+// UID and not being deleted, and tells the Manager about their pools.
+func (s *Store) verifyOwned(ctx context.Context) error {
+	var live skeinv1.AddressBlockList
+	if err := s.client.List(ctx, &live, client.MatchingLabels{skeinv1.LabelNode: s.node}); err != nil {
+		return fmt.Errorf("list this node's AddressBlocks: %w", err)
+	}
+	still := map[string]types.UID{}
+	for i := range live.Items {
+		b := &live.Items[i]
+		if ownerOf(b) == s.node && b.DeletionTimestamp.IsZero() {
+			still[b.Name] = b.UID
+		}
+	}
+	var gone []string
+	s.ownMu.Lock()
+	for name, uid := range s.owned {
+		if still[name] != uid {
+			delete(s.owned, name)
+			gone = append(gone, name)
+		}
+	}
+	s.ownMu.Unlock()
+	for _, name := range gone {
+		slog.Warn("a block of this node was taken while it could not renew its Lease", "block", name)
+		// BlockName is pool-index; the Manager looks the pool over.
+		if i := strings.LastIndexByte(name, '-'); i > 0 {
+			s.notify(name[:i])
+		}
+	}
+	return nil
 }

@@ -60,8 +60,10 @@ func TestSharedCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// No Lease (this API server has no skein-system namespace): a
+		// node whose Lease cannot be renewed hands out nothing.
 		st, err := kubestore.New(context.Background(), kubestore.Options{Config: env.Config, Node: name, Local: local,
-			GrantTimeout: 10 * time.Second, Cache: shared})
+			GrantTimeout: 10 * time.Second, Cache: shared, LeaseDuration: -1})
 		if err != nil {
 			t.Fatal(err)
 		}

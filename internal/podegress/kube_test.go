@@ -154,7 +154,9 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.st, err = kubestore.New(ctx, kubestore.Options{Config: env.Config, Node: n.name, Local: local})
+	// No liveness Lease: this API server has no skein-system namespace,
+	// and a node whose Lease cannot be renewed hands out nothing.
+	n.st, err = kubestore.New(ctx, kubestore.Options{Config: env.Config, Node: n.name, Local: local, LeaseDuration: -1})
 	if err != nil {
 		local.Close()
 		t.Fatal(err)
