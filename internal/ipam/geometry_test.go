@@ -95,8 +95,8 @@ func TestValidatePool(t *testing.T) {
 	// silently lost the IPv4 addresses beyond the IPv6 subnet's size
 	// (a /24 with a /126 gave 3 addresses).
 	for subnets, want := range map[string]string{
-		"10.90.0.0/24,fd00:90::/122": "give an IPv6 subnet of /120 or shorter",
-		"10.64.0.0/16,fd00::/120":    "only 2^8 of those IPv4 addresses could be used",
+		"10.90.0.0/24,fd00:90::/122":                        "give an IPv6 subnet of /120 or shorter",
+		"10.64.0.0/16,fd00::/120":                           "only 2^8 of those IPv4 addresses could be used",
 		"10.1.0.0/24,fd00:1::/120,10.2.0.0/16,fd00:2::/112": "",
 		"10.1.0.0/24,fd00:1::/64":                           "",
 	} {
