@@ -175,6 +175,69 @@ func destRanges(ds []netip.Prefix) (v4, v6 []addrRange, err error) {
 		d = d.Masked()
 		rs = append(rs, addrRange{d.Addr(), lastAddr(d)})
 	}
+	v4, v6 = mergeRanges(rs)
+	return v4, v6, nil
+}
+
+// routerDestRanges is what a router forwards to from its tunnels for an
+// Egress with destinations ds: what a client routes through it
+// (clientRules), so that a client crafting its own encapsulated packets
+// gets no further. Link-local addresses never (a client keeps them on
+// main, first); a destination narrower than a default route as given; a
+// default route (0.0.0.0/0, ::/0) only outside the private ranges, which
+// a client sends to main before its default route. (A client also keeps
+// the cluster's pod pools that are not private ranges on main; a router
+// does not know them, so it forwards to them under a default route.)
+func routerDestRanges(ds []netip.Prefix) (v4, v6 []addrRange, err error) {
+	if _, _, err := destRanges(ds); err != nil {
+		return nil, nil, err
+	}
+	var rs []addrRange
+	for _, d := range ds {
+		d = d.Masked()
+		r := []addrRange{{d.Addr(), lastAddr(d)}}
+		if d.Bits() == 0 {
+			priv := private4
+			if d.Addr().Is6() {
+				priv = private6
+			}
+			for _, p := range priv {
+				r = subtractRange(r, p)
+			}
+		}
+		ll := linkLocal4
+		if d.Addr().Is6() {
+			ll = linkLocal6
+		}
+		rs = append(rs, subtractRange(r, ll)...)
+	}
+	v4, v6 = mergeRanges(rs)
+	return v4, v6, nil
+}
+
+// subtractRange is rs without the addresses of p.
+func subtractRange(rs []addrRange, p netip.Prefix) []addrRange {
+	p = p.Masked()
+	first, last := p.Addr(), lastAddr(p)
+	var out []addrRange
+	for _, r := range rs {
+		if r.first.Is6() != first.Is6() || r.last.Less(first) || last.Less(r.first) {
+			out = append(out, r)
+			continue
+		}
+		if r.first.Less(first) {
+			out = append(out, addrRange{r.first, first.Prev()})
+		}
+		if last.Less(r.last) {
+			out = append(out, addrRange{last.Next(), r.last})
+		}
+	}
+	return out
+}
+
+// mergeRanges sorts rs and merges overlapping and adjacent ranges, per
+// family.
+func mergeRanges(rs []addrRange) (v4, v6 []addrRange) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].first.Less(rs[j].first) })
 	for _, r := range rs {
 		out := &v4
@@ -195,7 +258,7 @@ func destRanges(ds []netip.Prefix) (v4, v6 []addrRange, err error) {
 		}
 		*out = append(*out, r)
 	}
-	return v4, v6, nil
+	return v4, v6
 }
 
 // tunnel is one tunnel device as this package makes it.

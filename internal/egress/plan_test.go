@@ -354,3 +354,43 @@ func TestPlanClientInCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterDestRanges: a router forwards what a client routes through
+// it: never link-local, a default route without the private ranges (a
+// client keeps those on main), a narrower destination as given, private
+// or not.
+func TestRouterDestRanges(t *testing.T) {
+	r := func(a, b string) addrRange { return addrRange{ip(a), ip(b)} }
+	for _, c := range []struct {
+		in     []string
+		v4, v6 []addrRange
+	}{
+		{in: []string{"0.0.0.0/0"}, v4: []addrRange{
+			r("0.0.0.0", "9.255.255.255"), r("11.0.0.0", "169.253.255.255"), r("169.255.0.0", "172.15.255.255"),
+			r("172.32.0.0", "192.167.255.255"), r("192.169.0.0", "255.255.255.255")}},
+		{in: []string{"::/0"}, v6: []addrRange{
+			r("::", "fbff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), r("fe00::", "fe7f:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+			r("fec0::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}},
+		// Named private destinations go through, as a client sends them.
+		{in: []string{"10.5.0.0/16", "192.0.2.0/24"}, v4: []addrRange{r("10.5.0.0", "10.5.255.255"), r("192.0.2.0", "192.0.2.255")}},
+		// Link-local never, even named.
+		{in: []string{"169.254.0.0/15"}, v4: []addrRange{r("169.255.0.0", "169.255.255.255")}},
+		{in: []string{"169.254.169.254/32"}},
+		// A default route and a named private range: that range too.
+		{in: []string{"0.0.0.0/0", "10.200.0.0/16"}, v4: []addrRange{
+			r("0.0.0.0", "9.255.255.255"), r("10.200.0.0", "10.200.255.255"), r("11.0.0.0", "169.253.255.255"),
+			r("169.255.0.0", "172.15.255.255"), r("172.32.0.0", "192.167.255.255"), r("192.169.0.0", "255.255.255.255")}},
+	} {
+		var ps []netip.Prefix
+		for _, s := range c.in {
+			ps = append(ps, pfx(s))
+		}
+		v4, v6, err := routerDestRanges(ps)
+		if err != nil || !reflect.DeepEqual(v4, c.v4) || !reflect.DeepEqual(v6, c.v6) {
+			t.Errorf("routerDestRanges(%v) = %v %v %v,\nwant %v %v", c.in, v4, v6, err, c.v4, c.v6)
+		}
+	}
+	if _, _, err := routerDestRanges([]netip.Prefix{pfx("0.0.0.0/0"), {}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a zero prefix: %v, want ErrInvalid", err)
+	}
+}

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -227,6 +228,69 @@ func TestGuestRouterDestinations(t *testing.T) {
 	arrives(t, got, "to "+ext6.String()+" once a destination")
 	mustVia(t, tp, "tcp", far4)
 	mustVia(t, tp, "udp", far6)
+}
+
+// ipv4UDP is an IPv4 UDP packet from src:sport to dst:dport carrying
+// payload (UDP checksum 0: none).
+func ipv4UDP(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
+	p := make([]byte, 28+len(payload))
+	p[0], p[8], p[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	binary.BigEndian.PutUint16(p[6:], 0x4000)
+	s4, d4 := src.As4(), dst.As4()
+	copy(p[12:], s4[:])
+	copy(p[16:], d4[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(p[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(p[10:], ^uint16(sum))
+	binary.BigEndian.PutUint16(p[20:], sport)
+	binary.BigEndian.PutUint16(p[22:], dport)
+	binary.BigEndian.PutUint16(p[24:], uint16(8+len(payload)))
+	copy(p[28:], payload)
+	return p
+}
+
+// TestGuestRouterCraftedPrivate: a client that writes its own FoU
+// datagrams (no capability needed: a UDP socket to the Service) to a
+// router whose Egress has a default route gets nothing to a private
+// destination through it, which a client's own rules keep on main: a
+// router is no way around the cluster's network policies. A public
+// destination crafted the same way goes through, so the probe works.
+func TestGuestRouterCraftedPrivate(t *testing.T) {
+	requireTunnels(t)
+	tp := newTopo(t, false) // destinations 0.0.0.0/0 and ::/0
+	if err := ApplyClient(tp.client.Path(), gateway(false, "0.0.0.0/0", "::/0")); err != nil {
+		t.Fatal(err)
+	}
+	mustDirect(t, tp, "udp", privDst4)
+	got := recorder(t, tp.ext, privDst4, ext4)
+	craft := func(dst netip.Addr) {
+		t.Helper()
+		if err := tp.client.Do(func() error {
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(svc4, DefaultPort)))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write(ipv4UDP(client4, dst, 40000, probePort, []byte("x")))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, dst0 := drops(t, tp)
+	craft(privDst4)
+	nothingArrives(t, got, "to the private "+privDst4.String()+" in a crafted FoU datagram")
+	if _, dst1 := drops(t, tp); dst1-dst0 != 1 {
+		t.Errorf("the routers counted %d packets dropped for their destination, want 1", dst1-dst0)
+	}
+	craft(ext4)
+	arrives(t, got, "to "+ext4.String()+" in a crafted FoU datagram")
 }
 
 // fnvCollision returns two addresses made by gen(i), i = 0, 1, ..., whose

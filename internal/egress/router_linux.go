@@ -401,11 +401,13 @@ func (f origSource) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 
 // SyncDestinations sets the destinations the router forwards to from its
 // tunnels: the Egress's spec.destinations (both families in one list;
-// overlaps are merged). Anything else a client sends is dropped. A
-// malformed prefix is an ErrInvalid and changes nothing. The change is
-// atomic: a packet sees the old list or the new.
+// overlaps are merged) as a client routes them (routerDestRanges: never
+// link-local, and a default route without the private ranges). Anything
+// else a client sends is dropped. A malformed prefix is an ErrInvalid and
+// changes nothing. The change is atomic: a packet sees the old list or
+// the new.
 func (r *Router) SyncDestinations(dsts []netip.Prefix) error {
-	v4, v6, err := destRanges(dsts)
+	v4, v6, err := routerDestRanges(dsts)
 	if err != nil {
 		return fmt.Errorf("egress router destinations: %w", err)
 	}
