@@ -142,7 +142,7 @@ func kubeFixture(t *testing.T, users ...kube.User) (*kube.Env, client.Client) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app", Annotations: map[string]string{skeinv1.AnnotationPool: skeinv1.DefaultPool}}},
 		&skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName(skeinv1.DefaultPool, 1),
 			Labels: map[string]string{skeinv1.LabelPool: skeinv1.DefaultPool, skeinv1.LabelNode: "n2"}},
-			NodeName: "n2", Index: 1, IPv4: ptr.To("10.130.0.32/27")},
+			NodeName: "n2", Index: 1, IPv4: ptr.To("10.130.0.8/29")},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "on-n1"},
 			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "on-n2"},
@@ -160,8 +160,8 @@ func kubeFixture(t *testing.T, users ...kube.User) (*kube.Env, client.Client) {
 // TestKubeWatches: a skeind in Kubernetes mode (store, routing in export
 // mode and the egress client, wired as main does) opens one watch per kind
 // it reads — 7, scoped where a node needs only its own objects — instead
-// of one per kind per part (10: two of AddressPools, two of AddressBlocks,
-// BlockRequests), and closes them all when it stops. The one cache serves
+// of one per kind per part (10: three of AddressPools, two of
+// AddressBlocks), and closes them all when it stops. The one cache serves
 // every part: the store's pools, routing's remote blocks, this node's pods
 // only, and no managedFields.
 func TestKubeWatches(t *testing.T) {
@@ -218,10 +218,10 @@ func TestKubeWatches(t *testing.T) {
 	if !slices.Equal(shared, want) {
 		t.Errorf("watches of skeind:\n  %q\nwant\n  %q", shared, want)
 	}
-	// The parts' own caches: two pool and two block watches (skeind
-	// before the shared cache also watched its BlockRequests: 10).
-	if len(separate) != 9 {
-		t.Errorf("%d watches with a cache per part, want 9 (the test no longer measures what skeind did before)", len(separate))
+	// The parts' own caches: three pool watches (routing derives the
+	// blocks' slices from their pools) and two block watches.
+	if len(separate) != 10 {
+		t.Errorf("%d watches with a cache per part, want 10 (the test no longer measures what the parts watch on their own)", len(separate))
 	}
 
 	// Every part reads it.

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
+	"github.com/skeinnet/skein/internal/ipam"
 )
 
 // scheme knows the kinds the Watcher reads.
@@ -59,6 +60,7 @@ type WatchOptions struct {
 func CacheObjects() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		&skeinv1.AddressBlock{}: {},
+		&skeinv1.AddressPool{}:  {},
 		&corev1.Node{}:          {Transform: slimNode},
 	}
 }
@@ -151,6 +153,7 @@ func NewWatcher(ctx context.Context, o WatchOptions) (_ *Watcher, err error) {
 		relevant func(old, new any) bool
 	}{
 		{&skeinv1.AddressBlock{}, blockChanged},
+		{&skeinv1.AddressPool{}, poolChanged},
 		{&corev1.Node{}, nodeChanged},
 	} {
 		inf, err := c.GetInformer(syncCtx, h.obj)
@@ -219,11 +222,72 @@ func (w *Watcher) Snapshot(ctx context.Context) (Snapshot, error) {
 	if err := w.cache.List(ctx, &blocks, client.UnsafeDisableDeepCopy); err != nil {
 		return Snapshot{}, fmt.Errorf("list AddressBlocks: %w", err)
 	}
-	return w.snapshotOf(nodes.Items, blocks.Items), nil
+	var pools skeinv1.AddressPoolList
+	if err := w.cache.List(ctx, &pools, client.UnsafeDisableDeepCopy); err != nil {
+		return Snapshot{}, fmt.Errorf("list AddressPools: %w", err)
+	}
+	return w.snapshotOf(nodes.Items, blocks.Items, pools.Items), nil
+}
+
+// poolChanged: a pool's spec (its subnets) decides its blocks' slices.
+func poolChanged(old, new any) bool {
+	o, ok1 := old.(*skeinv1.AddressPool)
+	n, ok2 := new.(*skeinv1.AddressPool)
+	return !ok1 || !ok2 || o.Generation != n.Generation
+}
+
+// slices are the pools' geometries, by name, to check blocks against.
+type poolSlices map[string]*ipam.Geometry
+
+func slicesOf(pools []skeinv1.AddressPool) poolSlices {
+	out := make(poolSlices, len(pools))
+	for i := range pools {
+		if g, err := pools[i].Geometry(); err == nil {
+			out[pools[i].Name] = g
+		}
+	}
+	return out
+}
+
+// check says why b's slices are not the ones its pool and index give it
+// ("" when they are, or for the families b does not list). A block's
+// ipv4 and ipv6 are written by the node that claims it; only the pool
+// and the index decide which slice is the block's, so a node that writes
+// another node's slice into a block of its own (the AddressBlock webhook
+// off) routes nothing.
+func (ps poolSlices) check(b *skeinv1.AddressBlock) string {
+	i := strings.LastIndexByte(b.Name, '-')
+	if i <= 0 {
+		return "its name is not <pool>-<index>"
+	}
+	pool := b.Name[:i]
+	g := ps[pool]
+	if g == nil {
+		return fmt.Sprintf("its pool %q is unknown (or its subnets unreadable)", pool)
+	}
+	if b.Index < 0 || b.Index >= int64(g.Blocks()) {
+		return fmt.Sprintf("its index %d is outside pool %q (%d blocks)", b.Index, pool, g.Blocks())
+	}
+	want4, want6 := g.BlockPrefixes(uint32(b.Index))
+	for _, c := range []struct {
+		got  *string
+		want netip.Prefix
+		fam  string
+	}{{b.IPv4, want4, "ipv4"}, {b.IPv6, want6, "ipv6"}} {
+		if c.got == nil {
+			continue
+		}
+		p, err := netip.ParsePrefix(*c.got)
+		if err != nil || p.Masked() != c.want {
+			return fmt.Sprintf("its %s %s is not block %d of pool %q (%v)", c.fam, *c.got, b.Index, pool, c.want)
+		}
+	}
+	return ""
 }
 
 // snapshotOf builds a Snapshot from the cache's objects.
-func (w *Watcher) snapshotOf(nodes []corev1.Node, blocks []skeinv1.AddressBlock) Snapshot {
+func (w *Watcher) snapshotOf(nodes []corev1.Node, blocks []skeinv1.AddressBlock, pools []skeinv1.AddressPool) Snapshot {
+	geos := slicesOf(pools)
 	snap := Snapshot{Nodes: make(map[string]NodeInfo, len(nodes)), Remotes: make([]Remote, 0, 2*len(blocks))}
 	for i := range nodes {
 		n := &nodes[i]
@@ -239,6 +303,10 @@ func (w *Watcher) snapshotOf(nodes []corev1.Node, blocks []skeinv1.AddressBlock)
 			continue
 		}
 		if node == "" || node == w.node {
+			continue
+		}
+		if why := geos.check(b); why != "" {
+			refused[b.Name] = why
 			continue
 		}
 		for _, s := range []*string{b.IPv4, b.IPv6} {
@@ -283,7 +351,7 @@ func (w *Watcher) logRefused(now map[string]string) {
 	defer w.mu.Unlock()
 	for name, why := range now {
 		if w.refused[name] != why {
-			w.log.Warn("routing: AddressBlock not routed: "+why+" (only the node in nodeName may own it)", "block", name)
+			w.log.Warn("routing: AddressBlock not routed: "+why, "block", name)
 		}
 	}
 	w.refused = now

@@ -142,6 +142,18 @@ func TestWatcher(t *testing.T) {
 		t.Helper()
 		return mkOwned(pool, index, "", node, v4, v6)
 	}
+	// The pools decide the blocks' slices: a block is routed only where
+	// its ipv4 and ipv6 are the ones its pool and index give it.
+	mkPool := func(name string, sets ...skeinv1.SubnetSet) {
+		t.Helper()
+		p := &skeinv1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: skeinv1.AddressPoolSpec{Subnets: sets, BlockSizeBits: 5}}
+		if err := c.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkPool("p", skeinv1.SubnetSet{IPv4: ptr.To("10.64.0.0/24"), IPv6: ptr.To("fd64::/120")})
+	mkPool("q", skeinv1.SubnetSet{IPv4: ptr.To("10.65.0.0/24")})
 	mkNode("w1", "", "10.0.0.1")
 	mkNode("w2", "", "10.0.0.2", "fd00::2")
 	mkNode("w3", "192.0.2.3", "10.0.0.3")
@@ -157,6 +169,13 @@ func TestWatcher(t *testing.T) {
 	mkOwned("q", 1, "w3", "", "10.65.0.32/27", "")
 	mkOwned("q", 2, "w1", "w1", "10.65.0.64/27", "")
 	mkOwned("q", 3, "w3", "w2", "10.65.0.96/27", "")
+	// Slices that are not the block's: another block's, outside its
+	// pool's index range, a family the pool lacks, a pool that does not
+	// exist. None is routed.
+	mkOwned("q", 4, "w2", "", "10.65.0.0/27", "")
+	mkOwned("q", 9, "w2", "", "10.65.1.32/27", "")
+	mkOwned("q", 5, "w2", "", "10.65.0.160/27", "fd65::a0/123")
+	mkOwned("r", 0, "w2", "", "10.66.0.0/27", "")
 	var logs strings.Builder
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
@@ -190,8 +209,18 @@ func TestWatcher(t *testing.T) {
 	if _, err := w.Snapshot(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := refusals(); n != 1 || !strings.Contains(logs.String(), "block=q-3") {
-		t.Errorf("%d refusals logged after two snapshots, want 1 of q-3:\n%s", n, logs.String())
+	if n := refusals(); n != 5 || !strings.Contains(logs.String(), "block=q-3") {
+		t.Errorf("%d refusals logged after two snapshots, want 5 (q-3, q-4, q-5, q-9, r-0):\n%s", n, logs.String())
+	}
+	for _, want := range []string{
+		`its ipv4 10.65.0.0/27 is not block 4 of pool \"q\" (10.65.0.128/27)" block=q-4`,
+		`its index 9 is outside pool \"q\" (8 blocks)" block=q-9`,
+		`its ipv6 fd65::a0/123 is not block 5 of pool \"q\" (invalid Prefix)" block=q-5`,
+		`its pool \"r\" is unknown`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no refusal %s in the log:\n%s", want, logs.String())
+		}
 	}
 	if bad := snap.Nodes["w4"].BadAnnotation; bad == nil || !strings.Contains(bad.Error(), "not-an-address") {
 		t.Errorf("w4's bad annotation: %v", bad)
@@ -271,8 +300,8 @@ func TestWatcher(t *testing.T) {
 		}
 	}
 
-	if n := refusals(); n != 2 || !strings.Contains(logs.String(), "block=q-0") {
-		t.Errorf("%d refusals logged, want 2 (q-3 once, q-0):\n%s", n, logs.String())
+	if n := refusals(); n != 6 || !strings.Contains(logs.String(), "block=q-0") {
+		t.Errorf("%d refusals logged, want 6 (q-3, q-4, q-5, q-9 and r-0 once, q-0):\n%s", n, logs.String())
 	}
 
 	// Events land on the Node object.
@@ -339,10 +368,12 @@ func BenchmarkSnapshot3000Blocks(b *testing.B) {
 			})
 		}
 	}
+	pools := []skeinv1.AddressPool{{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+		Spec: skeinv1.AddressPoolSpec{Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To("10.0.0.0/8")}}, BlockSizeBits: 5}}}
 	w := &Watcher{node: "node-0", log: quietLogger(), refused: map[string]string{}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if snap := w.snapshotOf(nodes, blocks); len(snap.Remotes) != 2997 {
+		if snap := w.snapshotOf(nodes, blocks, pools); len(snap.Remotes) != 2997 {
 			b.Fatalf("%d remotes", len(snap.Remotes))
 		}
 	}
