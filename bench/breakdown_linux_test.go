@@ -57,12 +57,17 @@ import (
 //   - exec-floor-direct: bench/execfloor exec'd directly, no libcni: what
 //     any Go process costs to start and end;
 //
+//   - exec-floor-c-direct: the same in C (bench/execfloor-c, built with cc
+//     when there is one): what a static C process costs, which bin/skein
+//     is;
+//
 //   - libcni: skein through libcni, as skein-bench measures it;
 //
 //   - exec-floor: bench/execfloor through libcni.
 //
 // and the CPU time of the exec'd binaries (-cpu-p50-ms): the skein binary's
-// ADD, DEL (exec-del) and VERSION, and bench/execfloor's.
+// ADD, DEL (exec-del) and VERSION (which the C binary hands to skein-cni,
+// so it is two execs), and the exec floors'.
 //
 //	go test -run '^$' -bench ADDParts -benchtime 200x ./bench/
 func BenchmarkADDParts(b *testing.B) {
@@ -85,6 +90,13 @@ func BenchmarkADDParts(b *testing.B) {
 	cni := libcni.NewCNIConfigWithCacheDir([]string{d.BinDir}, b.TempDir(), nil)
 	efList := confList(sc, "parts-ef", map[string]any{"type": "execfloor"})
 	efDir := execFloorDir(sc)
+	// The exec floor in C (bin/skein is a static C program too), when a
+	// C compiler is here: exec-floor-c-direct.
+	efcDir := b.TempDir()
+	if out, err := exec.Command("cc", "-O2", "-static", "-o", filepath.Join(efcDir, "execfloor"), filepath.Join(moduleDir(sc), "bench/execfloor-c/execfloor.c")).CombinedOutput(); err != nil {
+		b.Logf("no exec-floor-c-direct: cc: %v %s", err, out)
+		efcDir = ""
+	}
 	efCNI := libcni.NewCNIConfigWithCacheDir([]string{efDir}, b.TempDir(), nil)
 	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "parts", "type": "skein", "socket": d.Socket})
 	ctx := context.Background()
@@ -204,6 +216,9 @@ func BenchmarkADDParts(b *testing.B) {
 		_ = execSkein("exec-del", "DEL", id, ps[2])
 		timed("exec-version", func() error { return execSkein("exec-version", "VERSION", id, ps[2]) })
 		timed("exec-floor-direct", func() error { return execIn("exec-floor-direct", efDir, "ADD", id, ps[2]) })
+		if efcDir != "" {
+			timed("exec-floor-c-direct", func() error { return execIn("exec-floor-c-direct", efcDir, "ADD", id, ps[2]) })
+		}
 		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cni%d", i), NetNS: ps[3].Path(), IfName: "eth0"}
 		timed("libcni", func() error {
 			var err error
@@ -222,12 +237,15 @@ func BenchmarkADDParts(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	for _, part := range []string{"floor", "dataplane", "call", "call-grpc", "noop-call", "noop-call-grpc", "exec", "exec-version", "exec-floor-direct", "libcni", "exec-floor"} {
+	for _, part := range []string{"floor", "dataplane", "call", "call-grpc", "noop-call", "noop-call-grpc", "exec", "exec-version", "exec-floor-direct", "exec-floor-c-direct", "libcni", "exec-floor"} {
 		l := lat[part]
+		if len(l) == 0 {
+			continue // exec-floor-c-direct without a C compiler
+		}
 		slices.Sort(l)
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-p50-ms")
 	}
-	for _, part := range []string{"exec", "exec-del", "exec-version", "exec-floor-direct"} {
+	for _, part := range []string{"exec", "exec-del", "exec-version", "exec-floor-direct", "exec-floor-c-direct"} {
 		if l := cpu[part]; len(l) > 0 {
 			slices.Sort(l)
 			b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, part+"-cpu-p50-ms")

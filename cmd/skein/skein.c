@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdint.h>
@@ -66,6 +67,7 @@ static const char *const env_names[] = {
 static const char *const verbs[] = {"ADD", "DEL", "CHECK", "GC", "STATUS"};
 
 static char **saved_argv;
+static char what_buf[32];
 
 /* fallback execs skein-cni with the same environment, stdin replaced by
  * data when given, "--skein-failed=<what>" as its argument when what is
@@ -371,10 +373,29 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* wait_fd waits for fd to be ready for events (a runtime may hand over a
+ * non-blocking pipe); it returns 0 when it is, -1 on a poll error. */
+static int wait_fd(int fd, short events)
+{
+	struct pollfd p = {.fd = fd, .events = events};
+	int rc;
+	do
+		rc = poll(&p, 1, -1);
+	while (rc < 0 && errno == EINTR);
+	return rc < 0 ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	(void)argc;
 	saved_argv = argv;
+	/* A closed standard descriptor would be taken by the socket below
+	 * (and the answer written back into it): /dev/null on each, as Go's
+	 * runtime does for skein-cni. */
+	for (int fd = 0; fd <= 2; fd++)
+		if (fcntl(fd, F_GETFD) < 0 && errno == EBADF)
+			if (open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd)
+				return 1;
 	const char *cmd = getenv("CNI_COMMAND");
 	int known = 0;
 	for (size_t k = 0; cmd && k < sizeof verbs / sizeof verbs[0]; k++)
@@ -382,7 +403,7 @@ int main(int argc, char **argv)
 	if (!known)
 		return fallback(NULL, 0, 0, NULL);
 
-	/* stdin, whole (one byte more than allowed tells it is too long). */
+	/* stdin, whole, as skein-cni reads it (too long is its to say). */
 	struct buf in = {0};
 	for (;;) {
 		if (!grow(&in, 65536))
@@ -390,14 +411,21 @@ int main(int argc, char **argv)
 		ssize_t r = read(0, in.p + in.n, in.cap - in.n);
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r < 0)
+		if (r < 0 && errno == EAGAIN && wait_fd(0, POLLIN) == 0)
+			continue;
+		if (r < 0 && in.n == 0)
 			return fallback(NULL, 0, 0, NULL); /* skein-cni reads it and says why */
+		if (r < 0) {
+			/* Part of it read: skein-cni would not see it. */
+			snprintf(what_buf, sizeof what_buf, "stdin:%d", errno);
+			return fallback(in.p, in.n, 1, what_buf);
+		}
 		if (r == 0)
 			break;
 		in.n += (size_t)r;
-		if (in.n > MAX_STDIN)
-			return fallback(in.p, in.n, 1, NULL);
 	}
+	if (in.n > MAX_STDIN)
+		return fallback(in.p, in.n, 1, NULL);
 
 	const char *sockv;
 	size_t sockn;
@@ -518,6 +546,8 @@ int main(int argc, char **argv)
 	for (size_t off = 0; off < len;) {
 		ssize_t w = write(1, out.p + m + 5 + off, len - off);
 		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN && wait_fd(1, POLLOUT) == 0)
 			continue;
 		if (w <= 0)
 			return 1;

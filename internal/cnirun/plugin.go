@@ -61,7 +61,8 @@ func Main(p Plugin) {
 
 // FailedFlag is how the skein binary (cmd/skein, in C) hands skein-cni a
 // call that failed after its request was sent, as its only argument:
-// FailedFlag + "noanswer", "timeout", "frame", "nomem" or "errno:N".
+// FailedFlag + "noanswer", "timeout", "frame", "nomem", "errno:N", or
+// "stdin:N" (reading stdin failed with errno N after part of it).
 // skein-cni then words the error with stdin as the configuration and
 // never sends the request again (skeind may have run it).
 const FailedFlag = "--skein-failed="
@@ -84,8 +85,19 @@ func failure(what string) error {
 			return syscall.Errno(n)
 		}
 	}
+	if len(what) > 6 && what[:6] == "stdin:" {
+		if n, err := strconv.Atoi(what[6:]); err == nil && n > 0 {
+			return stdinFailure{&os.PathError{Op: "read", Path: "/dev/stdin", Err: syscall.Errno(n)}}
+		}
+	}
 	return syscall.EIO
 }
+
+// stdinFailure is the C binary's failed read of stdin, after part of it
+// (which it replays): skein-cni reports it as its own read's failure.
+type stdinFailure struct{ err error }
+
+func (f stdinFailure) Error() string { return f.err.Error() }
 
 // env are the variables skeind is sent.
 var env = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"}
@@ -104,6 +116,9 @@ func (p Plugin) run(getenv func(string) string, stdin io.Reader, stdout, stderr 
 		return 0
 	}
 	data, err := io.ReadAll(stdin)
+	if sf, ok := p.failed.(stdinFailure); ok && err == nil {
+		err = sf.err // the C binary's read of the runtime's stdin failed
+	}
 	if err != nil {
 		return printError(stdout, "", errIOFailure, "error reading from stdin: "+err.Error(), "")
 	}

@@ -380,9 +380,97 @@ func TestFailure(t *testing.T) {
 	for what, want := range map[string]error{
 		"noanswer": errNoAnswer, "timeout": syscall.EAGAIN, "frame": ErrFrame, "nomem": syscall.ENOMEM,
 		"errno:104": syscall.ECONNRESET, "errno:0": syscall.EIO, "errno:x": syscall.EIO, "": syscall.EIO, "other": syscall.EIO,
+		"stdin:x": syscall.EIO,
 	} {
 		if got := failure(what); got != want {
 			t.Errorf("failure(%q) = %v, want %v", what, got, want)
 		}
+	}
+	if f, ok := failure("stdin:5").(stdinFailure); !ok || !errors.Is(f.err, syscall.EIO) || f.Error() != "read /dev/stdin: input/output error" {
+		t.Errorf("failure(stdin:5) = %v", failure("stdin:5"))
+	}
+}
+
+// TestShimOddDescriptors: what a runtime may hand a plugin that Go's
+// os.Stdin and os.Stdout take in their stride, the C binary must too: a
+// non-blocking stdin whose configuration arrives in two writes, a closed
+// stdout, a non-blocking stdout smaller than the answer.
+func TestShimOddDescriptors(t *testing.T) {
+	normal, _ := shims(t)
+	big := strings.Repeat("r", 300<<10) // larger than a pipe's buffer
+	rec := newRecorder(t, func(c net.Conn, br *bufio.Reader, r *recorder) {
+		if req, ok := r.read(c, br); ok {
+			out := "printed"
+			if req.Getenv("CNI_COMMAND") == "CHECK" {
+				out = big
+			}
+			c.Write(AppendReply(nil, Reply{Exit: 3, Stdout: []byte(out)}))
+		}
+	})
+	conf := `{"cniVersion":"1.0.0","name":"n","socket":"` + rec.sock + `","pad":"` + strings.Repeat("p", 200) + `"}`
+	// run starts bin with stdin and stdout as given (raw descriptors,
+	// their flags kept), writes the rest of stdin after a pause, and
+	// returns the exit status and what stdout got.
+	run := func(bin, verb string, nonblockOut bool) (int, string) {
+		t.Helper()
+		var in [2]int
+		if err := syscall.Pipe2(in[:], syscall.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.SetNonblock(in[0], true); err != nil {
+			t.Fatal(err)
+		}
+		var out [2]int
+		if err := syscall.Pipe2(out[:], syscall.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+		if nonblockOut {
+			syscall.SetNonblock(out[1], true)
+		}
+		syscall.Write(in[1], []byte(conf[:100]))
+		pid, err := syscall.ForkExec(bin, []string{bin}, &syscall.ProcAttr{Env: cniEnv(verb), Files: []uintptr{uintptr(in[0]), uintptr(out[1]), 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		syscall.Close(in[0])
+		syscall.Close(out[1])
+		time.Sleep(200 * time.Millisecond)
+		syscall.Write(in[1], []byte(conf[100:]))
+		syscall.Close(in[1])
+		got, _ := io.ReadAll(os.NewFile(uintptr(out[0]), "stdout"))
+		var ws syscall.WaitStatus
+		syscall.Wait4(pid, &ws, 0, nil)
+		return ws.ExitStatus(), string(got)
+	}
+	for _, bin := range []string{"skein-cni", "skein"} {
+		path := filepath.Join(normal, bin)
+		if exit, got := run(path, "ADD", false); exit != 3 || got != "printed" || len(rec.taken()) != 1 {
+			t.Errorf("%s, stdin non-blocking and in two parts: exit %d, %.80q", bin, exit, got)
+		}
+		if exit, got := run(path, "CHECK", true); exit != 3 || got != big || len(rec.taken()) != 1 {
+			t.Errorf("%s, a 300 KiB answer on a non-blocking stdout: exit %d, %d bytes", bin, exit, len(got))
+		}
+		cmd := exec.Command("/bin/sh", "-c", `exec "$0" >&-`, path)
+		cmd.Env = cniEnv("ADD")
+		cmd.Stdin = strings.NewReader(conf)
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 3 || len(rec.taken()) != 1 {
+			t.Errorf("%s with stdout closed: %v, want skeind's exit status 3", bin, err)
+		}
+	}
+}
+
+// TestShimLongStdin: a configuration over the limit is refused in
+// skein-cni's words, its cniVersion read from the whole of it.
+func TestShimLongStdin(t *testing.T) {
+	normal, _ := shims(t)
+	conf := `{"name":"n","socket":"/nonexistent.sock","pad":"` + strings.Repeat("x", MaxStdin+300000) + `","cniVersion":"0.4.0"}`
+	var outs []execResult
+	for _, bin := range []string{"skein-cni", "skein"} {
+		outs = append(outs, execBin(t, filepath.Join(normal, bin), cniEnv("ADD"), conf))
+	}
+	if outs[0] != outs[1] || !strings.Contains(outs[1].stdout, `"cniVersion": "0.4.0"`) {
+		t.Errorf("skein-cni gave %+v\nthe C binary %+v", outs[0], outs[1])
 	}
 }

@@ -491,7 +491,31 @@ func (m *Manager) ExportedBlocks() []netip.Prefix {
 	if m.fenced() != nil {
 		return nil
 	}
-	return m.OwnedBlocks()
+	if m.cluster == nil {
+		return m.OwnedBlocks()
+	}
+	// The store's word, not only the blocks' lost marks: a block the
+	// store stopped owning (one found taken when the fence lifted) is
+	// marked lost only when something next looks at it.
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var out []netip.Prefix
+	for _, ps := range m.pools {
+		ps.mu.Lock()
+		for _, i := range ps.order {
+			if ps.blocks[i].lost || !m.cluster.Owns(ps.def.Name, i, m.node) {
+				continue
+			}
+			v4, v6 := ps.geo.BlockPrefixes(i)
+			for _, p := range []netip.Prefix{v4, v6} {
+				if p.IsValid() {
+					out = append(out, p)
+				}
+			}
+		}
+		ps.mu.Unlock()
+	}
+	return out
 }
 
 // OwnedBlocks lists the prefixes of every block this node owns in the

@@ -168,6 +168,12 @@ func TestFencedWhileLeaseExpired(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// At once, before anything looked at the block again: not exported.
+	for _, p := range a.ExportedBlocks() {
+		if p == block {
+			t.Errorf("node-a exports node-b's block %v as soon as it is no longer fenced", p)
+		}
+	}
 	for range 3 {
 		got, err := a.Allocate(ctx, ipam.Request{Pool: "default"})
 		if err != nil {

@@ -38,6 +38,10 @@ type leaseKeeper struct {
 	// node's clock, since its renewTime is no later.
 	mu     sync.Mutex
 	okSent time.Time
+	// lastErr is the last renewal's failure (nil once one succeeds), for
+	// fenced's message: a Lease that cannot be written at all (RBAC, no
+	// namespace) must say why.
+	lastErr error
 }
 
 func newLeaseKeeper(s *Store, namespace string, duration time.Duration) *leaseKeeper {
@@ -75,19 +79,24 @@ func (l *leaseKeeper) wait() { l.wg.Wait() }
 // Lease has three more chances before it expires.
 func (l *leaseKeeper) renew(ctx context.Context) {
 	sent := time.Now()
-	wasFenced := l.fenced() != nil
+	l.mu.Lock()
+	prev := l.okSent
+	l.mu.Unlock()
 	err := l.renewOnce(ctx)
-	if err == nil && wasFenced {
-		// While fenced the cache may have missed the blocks taken from
-		// this node (a watch cut off with the rest): what it owns is
-		// read from the API server itself before it acts again.
+	// Fenced at any moment since the last renewal (this one may have
+	// been sent just before the fence and answered after it): the cache
+	// may have missed the blocks taken from this node (a watch cut off
+	// with the rest), so what it owns is read from the API server itself
+	// before it acts again.
+	if err == nil && (prev.IsZero() || l.age(prev) > l.fenceAfter()) {
 		err = l.s.verifyOwned(ctx)
 	}
+	l.mu.Lock()
 	if err == nil {
-		l.mu.Lock()
 		l.okSent = sent
-		l.mu.Unlock()
 	}
+	l.lastErr = err
+	l.mu.Unlock()
 	switch {
 	case err != nil && !l.warned:
 		slog.Warn("cannot renew this node's liveness Lease (skein-controller may take the blocks of a deleted Node once it expires)",
@@ -108,17 +117,35 @@ func (l *leaseKeeper) renew(ctx context.Context) {
 // so the node must neither hand out their addresses nor route them.
 func (l *leaseKeeper) fenced() error {
 	l.mu.Lock()
-	sent := l.okSent
+	sent, last := l.okSent, l.lastErr
 	l.mu.Unlock()
 	lease := l.namespace + "/" + skeinv1.NodeLeaseName(l.s.node)
-	if sent.IsZero() {
-		return fmt.Errorf("this node's liveness Lease %s has not been renewed since skeind started", lease)
+	why := ""
+	if last != nil {
+		why = " (last attempt: " + last.Error() + ")"
 	}
-	if age := time.Since(sent); age > l.duration {
-		return fmt.Errorf("this node's liveness Lease %s was last renewed %s ago, longer than its %s: the API server is out of reach or refuses this node, and skein-controller may give its blocks to other nodes",
-			lease, age.Round(time.Second), l.duration)
+	if sent.IsZero() {
+		return fmt.Errorf("this node's liveness Lease %s has not been renewed since skeind started%s", lease, why)
+	}
+	if age := l.age(sent); age > l.fenceAfter() {
+		return fmt.Errorf("this node's liveness Lease %s was last renewed %s ago, longer than its %s: the API server is out of reach or refuses this node, and skein-controller may give its blocks to other nodes%s",
+			lease, age.Round(time.Second), l.fenceAfter(), why)
 	}
 	return nil
+}
+
+// age is how long ago t was: the longer of the monotonic clock's reading,
+// which stops while the machine is suspended, and the wall clock's, which
+// does not (a node suspended past its Lease must not act as if it had
+// just renewed).
+func (l *leaseKeeper) age(t time.Time) time.Duration {
+	return max(time.Since(t), time.Now().Round(0).Sub(t.Round(0)))
+}
+
+// fenceAfter is the Lease's duration as written (whole seconds, as
+// skein-controller reads it).
+func (l *leaseKeeper) fenceAfter() time.Duration {
+	return time.Duration(int32(l.duration/time.Second)) * time.Second
 }
 
 func (l *leaseKeeper) renewOnce(ctx context.Context) error {

@@ -113,6 +113,12 @@ func TestRouteList(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The pool the blocks are slices of: a block is routed only where its
+	// slices are the ones its pool and index give it.
+	if err := c.Create(bg, &skeinv1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "rl"}, Spec: skeinv1.AddressPoolSpec{
+		Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To("10.96.0.0/24"), IPv6: ptr.To("fd96::/120")}}, BlockSizeBits: 5}}); err != nil {
+		t.Fatal(err)
+	}
 	block(0, "rl-1", "10.96.0.0/27", "")
 	block(1, "rl-2", "10.96.0.32/27", "fd96::20/123")
 	block(2, "rl-3", "10.96.0.64/27", "")
@@ -240,6 +246,10 @@ func TestRouteModesOneNode(t *testing.T) {
 		if err := c.Create(bg, node); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := c.Create(bg, &skeinv1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "rm"}, Spec: skeinv1.AddressPoolSpec{
+		Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To("10.97.0.0/24"), IPv6: ptr.To("fd97::/120")}}, BlockSizeBits: 5}}); err != nil {
+		t.Fatal(err)
 	}
 	for i, b := range []struct{ node, v4, v6 string }{
 		{"rm-2", "10.97.0.0/27", "fd97::/123"},

@@ -24,8 +24,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/skeinnet/skein/internal/kubestore"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/kube"
 	"github.com/skeinnet/skein/test/skeintest"
@@ -189,6 +191,7 @@ type NodeOptions struct {
 // CreateNode): without one the controller's GC deletes the node's blocks.
 func StartNode(t testing.TB, kubeconfig, name string, o NodeOptions) *Node {
 	t.Helper()
+	LeaseNamespace(t, kubeconfig)
 	addr := LoopbackAddr(t)
 	args := append([]string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--node", name, "--metrics-addr", addr}, o.Args...)
 	d := skeintest.StartDaemon(t, skeintest.Options{Node: o.NS, DefaultPool: []string{}, Args: args})
@@ -229,4 +232,25 @@ func CreateNode(t testing.TB, c client.Client, name string, addrs ...netip.Addr)
 		t.Fatalf("set the addresses %v of node %s: %v", addrs, name, err)
 	}
 	return n
+}
+
+// LeaseNamespace makes skein's namespace in the cluster of kubeconfig, as
+// the manifests do, if it is not there: the nodes' liveness Leases live in
+// it, and a skeind that cannot renew its Lease hands out no address.
+func LeaseNamespace(t testing.TB, kubeconfig string) {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kubestore.DefaultLeaseNamespace}}
+	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create namespace %s: %v", ns.Name, err)
+	}
 }
