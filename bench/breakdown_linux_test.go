@@ -148,11 +148,10 @@ func BenchmarkADDParts(b *testing.B) {
 	}
 	// cpu: the CPU time (user + system) of each exec'd binary, by part.
 	cpu := map[string][]time.Duration{}
-	execIn := func(part, dir, verb, id string, pod *harness.NS) error {
-		cmd := exec.Command(filepath.Join(dir, "skein"))
-		if dir != d.BinDir {
-			cmd = exec.Command(filepath.Join(dir, "execfloor"))
-		}
+	// execIn runs bin (a path) for verb; the exec floors are named
+	// execfloor, whatever directory holds them (bin/ holds skein's too).
+	execIn := func(part, bin, verb, id string, pod *harness.NS) error {
+		cmd := exec.Command(bin)
 		cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + pod.Path(), "CNI_IFNAME=eth0", "CNI_PATH=" + d.BinDir}
 		cmd.Stdin = bytes.NewReader(conf)
 		out, err := cmd.Output()
@@ -164,7 +163,9 @@ func BenchmarkADDParts(b *testing.B) {
 		}
 		return nil
 	}
-	execSkein := func(part, verb, id string, pod *harness.NS) error { return execIn(part, d.BinDir, verb, id, pod) }
+	execSkein := func(part, verb, id string, pod *harness.NS) error {
+		return execIn(part, filepath.Join(d.BinDir, "skein"), verb, id, pod)
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -215,9 +216,11 @@ func BenchmarkADDParts(b *testing.B) {
 		timed("exec", func() error { return execSkein("exec", "ADD", id, ps[2]) })
 		_ = execSkein("exec-del", "DEL", id, ps[2])
 		timed("exec-version", func() error { return execSkein("exec-version", "VERSION", id, ps[2]) })
-		timed("exec-floor-direct", func() error { return execIn("exec-floor-direct", efDir, "ADD", id, ps[2]) })
+		timed("exec-floor-direct", func() error { return execIn("exec-floor-direct", filepath.Join(efDir, "execfloor"), "ADD", id, ps[2]) })
 		if efcDir != "" {
-			timed("exec-floor-c-direct", func() error { return execIn("exec-floor-c-direct", efcDir, "ADD", id, ps[2]) })
+			timed("exec-floor-c-direct", func() error {
+				return execIn("exec-floor-c-direct", filepath.Join(efcDir, "execfloor"), "ADD", id, ps[2])
+			})
 		}
 		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cni%d", i), NetNS: ps[3].Path(), IfName: "eth0"}
 		timed("libcni", func() error {
