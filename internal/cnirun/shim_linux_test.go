@@ -82,6 +82,20 @@ func shims(t *testing.T) (normal, quick string) {
 
 var errNoCC = errors.New("no C compiler")
 
+// alone copies the C binary of dir into a directory without skein-cni.
+func alone(t *testing.T, dir string) string {
+	t.Helper()
+	out := t.TempDir()
+	b, err := os.ReadFile(filepath.Join(dir, "skein"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "skein"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 type execResult struct {
 	exit           int
 	stdout, stderr string
@@ -162,14 +176,7 @@ func TestShimHandsOverLikeGo(t *testing.T) {
 	conf := `{"cniVersion":"1.0.0","name":"n","socket":"` + rec.sock + `","ipam":{"type":"x","ranges":[[{"subnet":"10.0.0.0/24"}]]},"mtu":1400,"f":-1.5e+3,"t":true,"z":null}`
 	env := cniEnv("ADD", "CNI_ARGS=K8S_POD_NAME=p;K8S_POD_NAMESPACE=n", "SKEIN_SOCKET=/elsewhere.sock")
 
-	alone := t.TempDir()
-	b, err := os.ReadFile(filepath.Join(normal, "skein"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(alone, "skein"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	alone := alone(t, normal)
 	var reqs []Request
 	for _, bin := range []string{filepath.Join(normal, "skein-cni"), filepath.Join(normal, "skein"), filepath.Join(alone, "skein")} {
 		got := execBin(t, bin, env, conf)
@@ -357,14 +364,7 @@ func TestShimErrorsLikeGo(t *testing.T) {
 // it says so in a spec error when it needs it.
 func TestShimWithoutFallback(t *testing.T) {
 	normal, _ := shims(t)
-	alone := t.TempDir()
-	b, err := os.ReadFile(filepath.Join(normal, "skein"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(alone, "skein"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	alone := alone(t, normal)
 	for _, cmd := range []string{"ADD", "VERSION"} {
 		got := execBin(t, filepath.Join(alone, "skein"), cniEnv(cmd), `{"cniVersion":"1.0.0","name":"n","socket":"/nonexistent.sock"}`)
 		e := decodeErr(t, got.exit, got.stdout)

@@ -497,38 +497,26 @@ func (m *Manager) ExportedBlocks() []netip.Prefix {
 	// The store's word, not only the blocks' lost marks: a block the
 	// store stopped owning (one found taken when the fence lifted) is
 	// marked lost only when something next looks at it.
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	var out []netip.Prefix
-	for _, ps := range m.pools {
-		ps.mu.Lock()
-		for _, i := range ps.order {
-			if ps.blocks[i].lost || !m.cluster.Owns(ps.def.Name, i, m.node) {
-				continue
-			}
-			v4, v6 := ps.geo.BlockPrefixes(i)
-			for _, p := range []netip.Prefix{v4, v6} {
-				if p.IsValid() {
-					out = append(out, p)
-				}
-			}
-		}
-		ps.mu.Unlock()
-	}
-	return out
+	return m.blocks(func(pool string, i uint32) bool { return m.cluster.Owns(pool, i, m.node) })
 }
 
 // OwnedBlocks lists the prefixes of every block this node owns in the
 // pools loaded so far.
 func (m *Manager) OwnedBlocks() []netip.Prefix {
+	return m.blocks(func(string, uint32) bool { return true })
+}
+
+// blocks lists the prefixes of the blocks not lost (another node's now:
+// their routes lead there) for which keep says yes.
+func (m *Manager) blocks(keep func(pool string, index uint32) bool) []netip.Prefix {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	var out []netip.Prefix
 	for _, ps := range m.pools {
 		ps.mu.Lock()
 		for _, i := range ps.order {
-			if ps.blocks[i].lost {
-				continue // another node's now: its routes lead there
+			if ps.blocks[i].lost || !keep(ps.def.Name, i) {
+				continue
 			}
 			v4, v6 := ps.geo.BlockPrefixes(i)
 			for _, p := range []netip.Prefix{v4, v6} {
