@@ -76,17 +76,8 @@ func TestFencedWhileLeaseExpired(t *testing.T) {
 	}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Dial = d.dial
-	local, err := store.OpenBolt(filepath.Join(t.TempDir(), "skein.db"), store.BoltOptions{AttachmentsOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const lease = 2 * time.Second
-	st, err := kubestore.New(ctx, kubestore.Options{Config: cfg, Node: "node-a", Local: local, LeaseDuration: lease})
-	if err != nil {
-		local.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := storeVia(t, cfg, "node-a", lease)
 	a, err := ipam.NewManager(ipam.Options{Store: st, Node: "node-a", Cluster: ipam.ClusterOptions{MinBlockAge: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
@@ -188,4 +179,22 @@ func TestFencedWhileLeaseExpired(t *testing.T) {
 			t.Errorf("node-a exports node-b's block %v after healing", p)
 		}
 	}
+}
+
+// storeVia is node's Store over its own bolt file, talking to the API
+// server through cfg (a dialer or transport the test controls), its Lease
+// lasting lease; closed at the test's end.
+func storeVia(t *testing.T, cfg *rest.Config, node string, lease time.Duration) *kubestore.Store {
+	t.Helper()
+	local, err := store.OpenBolt(filepath.Join(t.TempDir(), "skein.db"), store.BoltOptions{AttachmentsOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kubestore.New(context.Background(), kubestore.Options{Config: cfg, Node: node, Local: local, LeaseDuration: lease})
+	if err != nil {
+		local.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,8 +14,6 @@ import (
 
 	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/internal/ipam"
-	"github.com/skeinnet/skein/internal/kubestore"
-	"github.com/skeinnet/skein/internal/store"
 )
 
 // TestReleaseDeleteFails: a block given back whose DELETE fails (a reset
@@ -37,16 +34,7 @@ func TestReleaseDeleteFails(t *testing.T) {
 			return rt.RoundTrip(r)
 		})
 	})
-	local, err := store.OpenBolt(filepath.Join(t.TempDir(), "skein.db"), store.BoltOptions{AttachmentsOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := kubestore.New(ctx, kubestore.Options{Config: cfg, Node: "node-x", Local: local, LeaseDuration: time.Hour})
-	if err != nil {
-		local.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := storeVia(t, cfg, "node-x", time.Hour)
 	lost := make(chan uint32, 16)
 	m, err := ipam.NewManager(ipam.Options{Store: st, Node: "node-x", Cluster: ipam.ClusterOptions{
 		MinBlockAge: 50 * time.Millisecond, DefaultPool: "none", OnBlockLost: func(_ string, i uint32, _ int) { lost <- i }}})
