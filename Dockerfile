@@ -4,6 +4,6 @@
 #   make build && docker build -t skein:dev .
 # deploy/kubernetes runs each component from it by its binary's path.
 FROM scratch
-COPY bin/skeind bin/skein-controller bin/skeinctl bin/skein bin/skein-cni bin/skein-vm bin/skein-vmwrapper bin/skein-install bin/skein-egress /usr/local/bin/
+COPY bin/skeind bin/skein-controller bin/skeinctl bin/skein bin/skein-cni bin/skein-vm bin/skein-vmwrapper bin/skein-install bin/skein-egress bin/skein-sandbox-exec /usr/local/bin/
 ENV PATH=/usr/local/bin
 ENTRYPOINT ["/usr/local/bin/skeind"]

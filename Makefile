@@ -18,13 +18,16 @@ all: build
 # Statically linked (no cgo): the CNI binaries are exec'd for every ADD and
 # DEL, and loading libc through ld.so costs ~0.7 ms a start on our machines.
 # bin/skein, the binary runtimes exec, is C (cmd/skein/skein.c): a Go
-# program's start alone costs ~1 ms of CPU more (docs/architecture.md).
+# program's start alone costs ~1 ms of CPU more (docs/architecture.md). So
+# is bin/skein-sandbox-exec, the last step of a pod network's sandbox: a
+# plugin exec'd from a single-threaded process waits for no thread to exit.
 CC        ?= cc
 CFLAGS    ?= -O2 -Wall -Wextra
 build:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./bench/execfloor
 	$(CC) $(CFLAGS) -static -o $(BIN)/skein cmd/skein/skein.c || { \
 	  echo "make build: bin/skein needs a C compiler and a static libc (Debian: gcc libc6-dev; scripts/install-deps.sh installs them)" >&2; exit 1; }
+	$(CC) $(CFLAGS) -static -o $(BIN)/skein-sandbox-exec cmd/skein-sandbox-exec/exec.c
 
 deps:
 	./scripts/install-deps.sh

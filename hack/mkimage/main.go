@@ -35,7 +35,7 @@ import (
 // Binaries are what the image holds: the daemons, the CLI, the CNI
 // plugins and their installer, the Egress router (deploy/kubernetes and
 // skein-controller run each of them).
-var Binaries = []string{"skeind", "skein-controller", "skeinctl", "skein", "skein-cni", "skein-vm", "skein-vmwrapper", "skein-install", "skein-egress"}
+var Binaries = []string{"skeind", "skein-controller", "skeinctl", "skein", "skein-cni", "skein-vm", "skein-vmwrapper", "skein-install", "skein-egress", "skein-sandbox-exec"}
 
 // Dir is where the binaries are in the image.
 const Dir = "/usr/local/bin"

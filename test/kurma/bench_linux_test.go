@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -260,8 +261,15 @@ func BenchmarkKurmaAttachParallel(b *testing.B) {
 			func(id, p string) { must("direct DEL", e.cni.DelNetworkList(c, direct, skeintest.RT(id, p, "eth0"))) }},
 	}
 	var mu sync.Mutex
+	// The machine's busy time (/proc/stat: every process and the kernel)
+	// while a round's ADDs run, and over the whole round (its DELs and
+	// what the ADDs left to do in the background, up to the next round):
+	// with 8 at once on 2 cores the ADDs are short of CPU, and what each
+	// way costs explains its time.
+	cpuAdd, cpuAll := map[string]float64{}, map[string]float64{}
 	round := func(l lat, v variant, tag string) {
 		time.Sleep(settle)
+		c0 := busyTicks(b)
 		var wg sync.WaitGroup
 		for k, p := range pods {
 			wg.Go(func() {
@@ -280,9 +288,14 @@ func BenchmarkKurmaAttachParallel(b *testing.B) {
 			})
 		}
 		wg.Wait()
+		c1 := busyTicks(b)
 		for k, p := range pods {
 			e.node.Do(func() error { v.del(fmt.Sprintf("%s-%d", tag, k), p.Path()); return nil })
 		}
+		time.Sleep(settle)
+		c2 := busyTicks(b)
+		cpuAdd[v.name] += c1 - c0
+		cpuAll[v.name] += c2 - c0
 		if b.Failed() {
 			b.FailNow()
 		}
@@ -291,6 +304,8 @@ func BenchmarkKurmaAttachParallel(b *testing.B) {
 		round(lat{}, v, "warmup-"+v.name)
 	}
 	l := lat{}
+	clear(cpuAdd)
+	clear(cpuAll)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for k := range variants {
@@ -304,6 +319,34 @@ func BenchmarkKurmaAttachParallel(b *testing.B) {
 	b.ReportMetric(float64(median(l["image-api-grpc"]))/float64(median(l["direct"])), "api-grpc/direct")
 	b.ReportMetric(float64(median(l["image-cni"]))/float64(median(l["direct"])), "cni/direct")
 	b.ReportMetric(float64(mounts(b)), "mounts")
+	for _, v := range variants {
+		b.ReportMetric(cpuAdd[v.name]*msPerTick/float64(b.N*conc), v.name+"-addcpu-ms")
+		b.ReportMetric(cpuAll[v.name]*msPerTick/float64(b.N*conc), v.name+"-paircpu-ms")
+	}
+}
+
+// msPerTick: /proc/stat counts in USER_HZ, 100 on every Linux ABI Go
+// supports.
+const msPerTick = 10
+
+// busyTicks is the time all CPUs spent busy so far (/proc/stat's first
+// line without idle, iowait, steal and the guest times user already
+// holds), in ticks.
+func busyTicks(b *testing.B) float64 {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(strings.SplitN(string(raw), "\n", 2)[0])
+	var t float64
+	for i, x := range f[1:] {
+		if i == 3 || i == 4 || i >= 7 { // idle, iowait; steal, guest, guest_nice
+			continue
+		}
+		n, _ := strconv.ParseFloat(x, 64)
+		t += n
+	}
+	return t
 }
 
 // BenchmarkKurma3Networks: a pod attached to three image-backed networks

@@ -175,4 +175,17 @@
 // mount namespace is held until it is over and torn down in the
 // background, so the unmounts (which wait for an RCU grace period) are not
 // on the exit the caller waits for. See prepared_linux.go.
+//
+// A prepared init does not exec the call itself when skein-sandbox-exec
+// (cmd/skein-sandbox-exec, C, Options.ExecPath) is installed beside the
+// daemon: once built and confined, the Go init execs that small program
+// through a descriptor the Sandbox holds, and it is what waits for the
+// call and execs it. exec waits for every other thread of the process to
+// exit, and a Go process has four or five; with calls at once on busy
+// cores each waits for a CPU. The helper is one thread, so the call's exec
+// waits for nothing, and the Go init's own exec happens while it is
+// prepared, off the call's path. It changes nothing else: the capability
+// sets, no_new_privs, the seccomp filter, the limits and the cgroups carry
+// over the second exec as over the first, errors read the same
+// (wordErrno), and without the helper the Go init execs calls as before.
 package sandbox

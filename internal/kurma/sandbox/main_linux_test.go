@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,8 +19,13 @@ import (
 )
 
 // pluginBin is the test plugin (testdata/plugin) built static for the run;
-// initBin is cmd/skein-sandbox-init, built the way make builds it.
-var pluginBin, initBin string
+// initBin is cmd/skein-sandbox-init, built the way make builds it; execBin
+// is cmd/skein-sandbox-exec, built the way make builds it ("" without a C
+// compiler: see needExecHelper).
+var pluginBin, initBin, execBin string
+
+// execBuildErr says why execBin could not be built.
+var execBuildErr string
 
 func TestMain(m *testing.M) {
 	// The package's init already ran the hook; saying it here documents
@@ -114,7 +120,23 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
+	execBin = filepath.Join(dir, DefaultExecName)
+	cc := cmp.Or(os.Getenv("CC"), "cc")
+	if out, err := exec.Command(cc, "-O2", "-Wall", "-Wextra", "-Werror", "-static", "-o", execBin, "../../../cmd/skein-sandbox-exec/exec.c").CombinedOutput(); err != nil {
+		execBin, execBuildErr = "", fmt.Sprintf("%s: %v\n%s", cc, err, out)
+	}
 	return m.Run()
+}
+
+// needExecHelper skips a test that needs skein-sandbox-exec where no C
+// compiler with a static libc could build it (make build needs one too,
+// and scripts/install-deps.sh installs it).
+func needExecHelper(t testing.TB) {
+	t.Helper()
+	needRoot(t)
+	if execBin == "" {
+		t.Skipf("skein-sandbox-exec could not be built (no C compiler with a static libc?): %s", execBuildErr)
+	}
 }
 
 func needRoot(t testing.TB) {
@@ -162,6 +184,11 @@ func newEnv(t testing.TB, o Options) *testEnv {
 	}
 	if o.ScratchDir == "" {
 		o.ScratchDir = filepath.Join(dir, "scratch")
+	}
+	if o.ExecPath == "" {
+		// As installed: prepared inits exec calls through the helper
+		// (needExecHelper's tests say when it could not be built).
+		o.ExecPath = cmp.Or(execBin, "-")
 	}
 	before := mountTable(t)
 	// The state directory's tmpfs is mounted on a network's first call, so
@@ -284,12 +311,16 @@ func processesWith(t testing.TB, token string) []string {
 // bothStarts runs f against a sandbox that starts every call cold, one
 // that keeps warm inits only (and makes every call take one), and one that
 // keeps inits prepared for the call's layout (and makes every call take
-// one of those).
+// one of those), once with skein-sandbox-exec as installed and once
+// without it ("prepared-go": the Go init execs the call itself).
 func bothStarts(t *testing.T, o Options, f func(t *testing.T, e *testEnv)) {
-	for _, start := range []string{"cold", "warm", "prepared"} {
+	for _, start := range []string{"cold", "warm", "prepared", "prepared-go"} {
 		t.Run(start, func(t *testing.T) {
 			o := o
-			o.Prestart = map[string]int{"cold": -1, "warm": 2, "prepared": 2}[start]
+			o.Prestart = map[string]int{"cold": -1, "warm": 2, "prepared": 2, "prepared-go": 2}[start]
+			if start == "prepared-go" {
+				o.ExecPath, start = "-", "prepared"
+			}
 			e := newEnv(t, o)
 			e.start = start
 			if start == "warm" {

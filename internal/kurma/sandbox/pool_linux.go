@@ -73,6 +73,9 @@ type warmInit struct {
 	// value it had before, which the call gets back.
 	niced    bool
 	baseNice int
+	// helper: a prepared init that execs skein-sandbox-exec, which
+	// reads the call as encodeCall writes it.
+	helper bool
 }
 
 // holdMounts opens the mount namespace of w's init (see warmInit.mntns).
@@ -153,7 +156,7 @@ func (p *pool) close() {
 // prestart starts an init that waits for its spec.
 func (s *Sandbox) prestart() (*warmInit, error) {
 	w := &warmInit{sb: s}
-	if _, err := s.startWaiting(w, 0, sandboxinit.WarmEnv+"=1"); err != nil {
+	if _, err := s.startWaiting(w, 0, nil, sandboxinit.WarmEnv+"=1"); err != nil {
 		w.closeFiles()
 		return nil, err
 	}
@@ -175,9 +178,9 @@ func (s *Sandbox) prestart() (*warmInit, error) {
 // startWaiting starts an init with env (added to initCommand's) that
 // waits: its stdin, stdout, stderr, status (fd 3) and spec (fd 4) pipes
 // end in w, and it holds the write ends of extra more pipes (fds 5 on),
-// whose read ends are returned. The child's ends are closed here; on
-// failure the caller closes w's (closeFiles).
-func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.File, error) {
+// whose read ends are returned, and pass after those. The child's ends are
+// closed here; on failure the caller closes w's (closeFiles).
+func (s *Sandbox) startWaiting(w *warmInit, extra int, pass []*os.File, env ...string) ([]*os.File, error) {
 	type end struct {
 		ours       **os.File
 		childReads bool
@@ -214,7 +217,7 @@ func (s *Sandbox) startWaiting(w *warmInit, extra int, env ...string) ([]*os.Fil
 	}
 	cmd := s.initCommand(context.Background(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
-	cmd.ExtraFiles = child[3:] // fds 3, 4, ...
+	cmd.ExtraFiles = append(child[3:], pass...) // fds 3, 4, ...
 	// Starting ahead runs behind the calls under way: the init's threads
 	// (the main one starts the runtime, builds a prepared layout, and
 	// execs the call) are born at aheadNice, take the CPU only when no
@@ -285,7 +288,7 @@ func setThreadsNice(pid, nice int) {
 // or the error of wait (Spec.Wait, called once the init has the spec), the
 // init then killed before it exec'd. Cancelling ctx kills the tree.
 func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte, stdout, stderr io.Writer, wait func(context.Context) error) (func() error, error) {
-	raw, err := json.Marshal(is)
+	raw, err := w.encode(is)
 	if err != nil {
 		w.discard()
 		return nil, fmt.Errorf("encode sandbox spec: %w", err)
@@ -360,6 +363,47 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 		stopKill()
 		return err
 	}, nil
+}
+
+// encode is is as w's init reads it.
+func (w *warmInit) encode(is *sandboxinit.Spec) ([]byte, error) {
+	if w.helper {
+		return encodeCall(is)
+	}
+	return json.Marshal(is)
+}
+
+// encodeCall is is's executable, arguments, environment and expected
+// files as skein-sandbox-exec reads them (see cmd/skein-sandbox-exec):
+// NUL-terminated fields. A NUL inside a field cannot be passed to exec
+// anyway, and is refused.
+func encodeCall(is *sandboxinit.Spec) ([]byte, error) {
+	b := []byte("skein-call/1\x00")
+	var bad bool
+	field := func(s string) {
+		bad = bad || strings.IndexByte(s, 0) >= 0
+		b = append(append(b, s...), 0)
+	}
+	count := func(n int) { field(strconv.Itoa(n)) }
+	field(is.Path)
+	count(len(is.Args))
+	for _, a := range is.Args {
+		field(a)
+	}
+	count(len(is.Env))
+	for _, e := range is.Env {
+		field(e)
+	}
+	count(len(is.Expect))
+	for _, f := range is.Expect {
+		field(f.Path)
+		field(strconv.FormatUint(f.Dev, 10))
+		field(strconv.FormatUint(f.Ino, 10))
+	}
+	if bad {
+		return nil, errors.New("a NUL byte in the executable's path, arguments or environment")
+	}
+	return b, nil
 }
 
 // discard ends a waiting init: an empty spec makes it exit.

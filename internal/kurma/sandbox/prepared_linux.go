@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -317,7 +318,14 @@ func (s *Sandbox) prepare(layout *sandboxinit.Spec) (*warmInit, error) {
 		return nil, fmt.Errorf("encode sandbox layout: %w", err)
 	}
 	w := &warmInit{sb: s, cg: cg}
-	reads, err := s.startWaiting(w, 1, sandboxinit.PreparedEnv+"=1", sandboxinit.SpecEnv+"="+string(raw))
+	env := []string{sandboxinit.PreparedEnv + "=1", sandboxinit.SpecEnv + "=" + string(raw)}
+	var pass []*os.File
+	if s.execFile != nil {
+		// fd 6 (ReadyFD + 1): sandboxinit.ExecFD
+		w.helper, pass = true, []*os.File{s.execFile}
+		env = append(env, sandboxinit.ExecEnv+"=1")
+	}
+	reads, err := s.startWaiting(w, 1, pass, env...)
 	if err != nil {
 		w.closeFiles()
 		s.dropCgroup(cg)

@@ -49,6 +49,9 @@ type Sandbox struct {
 	// that was there when New ran, held open as initFile (see pinInit).
 	initExe  string
 	initFile *os.File
+	// execFile is Options.ExecPath held open and handed to prepared
+	// inits (sandboxinit.ExecFD); nil: they exec calls themselves.
+	execFile *os.File
 	// removing counts the background work of ended calls under way:
 	// cgroup removals (dropCgroup), mount namespaces let go (release).
 	removing background
@@ -76,6 +79,13 @@ func New(o Options) (*Sandbox, error) {
 	s := &Sandbox{opts: o}
 	if err := s.pinInit(); err != nil {
 		return nil, err
+	}
+	if o.ExecPath != "" && o.ExecPath != "-" {
+		f, err := os.Open(o.ExecPath)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox exec helper: %w", err)
+		}
+		s.execFile = f
 	}
 	if err := s.confine(); err != nil {
 		return nil, err
@@ -544,7 +554,21 @@ func awaitExec(status io.Reader, ctx context.Context) error {
 	if len(msg) == 0 {
 		msg = []byte("interrupted")
 	}
-	return fmt.Errorf("%w: %s", ErrSetup, msg)
+	return fmt.Errorf("%w: %s", ErrSetup, wordErrno(string(msg)))
+}
+
+// wordErrno words the "errno N" that ends a message of skein-sandbox-exec
+// (which has no table of its own) as the Go init words the same failure.
+func wordErrno(msg string) string {
+	i := strings.LastIndex(msg, "errno ")
+	if i < 0 {
+		return msg
+	}
+	n, err := strconv.Atoi(msg[i+len("errno "):])
+	if err != nil || n <= 0 || n > 4095 {
+		return msg
+	}
+	return msg[:i] + syscall.Errno(n).Error()
 }
 
 // initSpec checks spec against the filesystem and turns it into the
@@ -618,13 +642,22 @@ func (s *Sandbox) initSpec(spec Spec) (*sandboxinit.Spec, error) {
 // defaultInitPath is the dedicated init binary beside the running one, if
 // it is there, else the running binary.
 func defaultInitPath() string {
+	if p := besideSelf(DefaultInitName); p != "" {
+		return p
+	}
+	return "/proc/self/exe"
+}
+
+// besideSelf is the executable file name in the running binary's
+// directory, or "" when there is none.
+func besideSelf(name string) string {
 	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), DefaultInitName)
+		p := filepath.Join(filepath.Dir(self), name)
 		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
 			return p
 		}
 	}
-	return "/proc/self/exe"
+	return ""
 }
 
 func isDir(p string) error {

@@ -393,7 +393,7 @@ func TestNoGoNoExec(t *testing.T) {
 				}
 			}
 			defer e.sb.dropCgroup(w.cg)
-			raw, err := json.Marshal(is)
+			raw, err := w.encode(is)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -39,6 +39,10 @@ const (
 	// DefaultInitName is the dedicated init binary (cmd/skein-sandbox-init)
 	// looked for beside the running binary.
 	DefaultInitName = "skein-sandbox-init"
+	// DefaultExecName is the small program a prepared init execs the
+	// call through (cmd/skein-sandbox-exec), looked for beside the
+	// running binary.
+	DefaultExecName = "skein-sandbox-exec"
 )
 
 // BaseEnv is the environment every sandboxed executable starts with; Spec.Env
@@ -61,6 +65,12 @@ type Options struct {
 	// there (a small binary that starts in about a third of the time
 	// skeind takes), else /proc/self/exe (the running binary itself).
 	InitPath string
+	// ExecPath is skein-sandbox-exec, the program a prepared init
+	// becomes once it is built and confined, to wait for its call and
+	// exec it from a single thread (sandboxinit.ExecEnv). Default:
+	// DefaultExecName beside the running binary when it is there; "-" or
+	// no such file: prepared inits exec calls themselves.
+	ExecPath string
 	// Timeout bounds a call that sets none. Default DefaultTimeout (the
 	// contract's one minute).
 	Timeout time.Duration
@@ -144,6 +154,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.InitPath == "" {
 		o.InitPath = defaultInitPath()
+	}
+	if o.ExecPath == "" {
+		o.ExecPath = besideSelf(DefaultExecName)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,6 +50,14 @@ const (
 	ReadyFD     = 5
 	ReadyMsg    = "ready"
 	GoMsg       = "\ngo\n"
+	// ExecEnv set on a prepared start: file descriptor ExecFD is
+	// skein-sandbox-exec (cmd/skein-sandbox-exec), which the init execs
+	// once it is built and confined, with ErrFD, SpecFD and ReadyFD left
+	// open. That program reports ready, reads the call (sandbox's
+	// encodeCall, not JSON), and execs it: the call's exec is then one
+	// from a single-threaded process, which waits for no thread to exit.
+	ExecEnv = "SKEIN_SANDBOX_EXEC"
+	ExecFD  = 6
 )
 
 // Spec is what the init needs to build the sandbox and exec. Paths are
@@ -239,6 +249,9 @@ func runPrepared(layout string) {
 		// reading the call, a few stats and exec.
 		err = s.lockDown()
 	}
+	if err == nil && os.Getenv(ExecEnv) != "" {
+		err = execHelper()
+	}
 	if err == nil {
 		// Ready: from here on only the call's own part is missing.
 		ready := os.NewFile(ReadyFD, "sandbox-ready")
@@ -263,6 +276,30 @@ func runPrepared(layout string) {
 	}
 	reportSetup(err)
 	os.Exit(127)
+}
+
+// execHelper execs skein-sandbox-exec from ExecFD (see ExecEnv), with
+// the protocol's descriptors open and every other one closing. It returns
+// only when the exec failed.
+func execHelper() error {
+	for _, fd := range []int{ErrFD, SpecFD, ReadyFD} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("keep descriptor %d for the exec helper: %w", fd, err)
+		}
+	}
+	if err := closeOnExec(ReadyFD + 1); err != nil {
+		return err
+	}
+	argv, err := syscall.SlicePtrFromStrings([]string{"skein-sandbox-exec"})
+	if err != nil {
+		return err
+	}
+	empty, _ := unix.BytePtrFromString("")
+	envv := []*byte{nil}
+	_, _, errno := unix.Syscall6(unix.SYS_EXECVEAT, ExecFD, uintptr(unsafe.Pointer(empty)),
+		uintptr(unsafe.Pointer(&argv[0])), uintptr(unsafe.Pointer(&envv[0])), unix.AT_EMPTY_PATH, 0)
+	unix.CloseOnExec(ErrFD)
+	return fmt.Errorf("exec the sandbox's exec helper: %w", errno)
 }
 
 // build makes the sandbox's filesystem and enters it: cgroups, the node's
@@ -360,7 +397,7 @@ func (s *Spec) build() error {
 // becomes PID 1 of its namespace.
 func (s *Spec) execLocked() error {
 	unix.Umask(0o022)
-	if err := closeOnExec(); err != nil {
+	if err := closeOnExec(3); err != nil {
 		return err
 	}
 	argv := append([]string{s.Path}, s.Args...)
@@ -370,14 +407,14 @@ func (s *Spec) execLocked() error {
 	return nil
 }
 
-// closeOnExec marks every descriptor above stderr close-on-exec, so that
-// the executable starts with 0, 1 and 2 only: the init's own protocol
+// closeOnExec marks every descriptor from first on close-on-exec (3, above
+// stderr, for the executable, so that it starts with 0, 1 and 2 only): the init's own protocol
 // pipes are marked already, but whatever the daemon itself inherited
 // without the flag (from a launcher that leaks descriptors: a script, a
 // supervisor, socket activation) came through its fork and this init's,
 // and would reach the plugin otherwise.
-func closeOnExec() error {
-	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+func closeOnExec(first int) error {
+	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	if err == nil {
 		return nil
 	}
@@ -393,7 +430,7 @@ func closeOnExec() error {
 	}
 	for _, n := range names {
 		fd, aerr := strconv.Atoi(n)
-		if aerr != nil || fd < 3 {
+		if aerr != nil || fd < first {
 			continue
 		}
 		// The listing's own descriptor is closed by now: EBADF.
