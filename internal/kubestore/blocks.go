@@ -427,10 +427,13 @@ func (s *Store) Owns(pool string, index uint32, node string) bool {
 	return ok
 }
 
-// own records that this node owns block name (uid).
+// own records that this node owns block name (uid), unless that life of
+// the block was dropped already (see Store.dropped).
 func (s *Store) own(name string, uid types.UID) {
 	s.ownMu.Lock()
-	s.owned[name] = uid
+	if !s.dropped[uid] {
+		s.owned[name] = uid
+	}
 	s.ownMu.Unlock()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -247,7 +248,12 @@ func (s *Store) Fenced() error {
 // verifyOwned drops from the owned set every block the API server (a
 // live list, not the cache) no longer shows as this node's, with the same
 // UID and not being deleted, and tells the Manager about their pools.
+// Only blocks owned before the list was asked for: one claimed while it
+// was under way may be newer than the list's answer.
 func (s *Store) verifyOwned(ctx context.Context) error {
+	s.ownMu.RLock()
+	before := maps.Clone(s.owned)
+	s.ownMu.RUnlock()
 	var live skeinv1.AddressBlockList
 	if err := s.client.List(ctx, &live, client.MatchingLabels{skeinv1.LabelNode: s.node}); err != nil {
 		return fmt.Errorf("list this node's AddressBlocks: %w", err)
@@ -261,9 +267,13 @@ func (s *Store) verifyOwned(ctx context.Context) error {
 	}
 	var gone []string
 	s.ownMu.Lock()
-	for name, uid := range s.owned {
-		if still[name] != uid {
+	for name, uid := range before {
+		if still[name] != uid && s.owned[name] == uid {
 			delete(s.owned, name)
+			if s.dropped == nil {
+				s.dropped = map[types.UID]bool{}
+			}
+			s.dropped[uid] = true
 			gone = append(gone, name)
 		}
 	}
