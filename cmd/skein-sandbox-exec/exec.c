@@ -48,8 +48,7 @@
 #define MAGIC "skein-call/1"
 #define GO_MSG "\ngo\n"
 #define STALE_VIEW "stale view of the host: "
-#define MAX_CALL (4 << 20)
-#define MAX_FIELDS 65536
+#define MAX_CALL (4 << 20) /* sandbox.maxCall */
 
 static void fail(const char *msg)
 {
@@ -93,6 +92,12 @@ static unsigned long long number(struct fields *f, unsigned long long max)
 	if (errno != 0 || *e != '\0' || v > max)
 		fail("read spec: a count of the call is out of range");
 	return v;
+}
+
+/* left bounds a count: every field takes one byte at least. */
+static unsigned long long left(const struct fields *f)
+{
+	return (unsigned long long)(f->end - f->p);
 }
 
 static char **strings(struct fields *f, size_t n, size_t first)
@@ -164,12 +169,12 @@ int main(void)
 	}
 	next(&f);
 	char *path = next(&f);
-	size_t argc = number(&f, MAX_FIELDS);
+	size_t argc = number(&f, left(&f));
 	char **argv = strings(&f, argc, 1);
 	argv[0] = path;
-	size_t envc = number(&f, MAX_FIELDS);
+	size_t envc = number(&f, left(&f));
 	char **envp = strings(&f, envc, 0);
-	size_t expc = number(&f, MAX_FIELDS);
+	size_t expc = number(&f, left(&f) / 3);
 	char **exp = strings(&f, 3 * expc, 0);
 	if (f.p != f.end) {
 		if (!has_go)

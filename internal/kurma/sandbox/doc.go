@@ -188,4 +188,9 @@
 // sets, no_new_privs, the seccomp filter, the limits and the cgroups carry
 // over the second exec as over the first, errors read the same
 // (wordErrno), and without the helper the Go init execs calls as before.
+// The helper runs inside the image's root, so it must be static: New
+// uses it only if it is an ELF program for this machine without an
+// interpreter (which the kernel would load from the tenant's image), and
+// the first init that cannot exec it turns it off for the Sandbox. Either
+// is logged.
 package sandbox

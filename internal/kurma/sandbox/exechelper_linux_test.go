@@ -1,14 +1,20 @@
 package sandbox
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -106,6 +112,20 @@ func TestExecHelperProtocol(t *testing.T) {
 			t.Errorf("the executable printed %q, want %q", out, want)
 		}
 	})
+	t.Run("many arguments", func(t *testing.T) {
+		count := filepath.Join(dir, "count")
+		if err := os.WriteFile(count, []byte("#!/bin/sh\necho $#\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := encodeCall(&sandboxinit.Spec{Path: count, Args: make([]string, 70000)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, status, out, code := helperRun(t, append(raw, sandboxinit.GoMsg...))
+		if status != "" || code != 0 || out != "70000\n" {
+			t.Errorf("status %q, exit %d, out %q; want 70000 arguments", status, code, out)
+		}
+	})
 	t.Run("empty", func(t *testing.T) {
 		os.Remove(ran)
 		ready, status, out, code := helperRun(t, nil)
@@ -136,6 +156,7 @@ func TestExecHelperProtocol(t *testing.T) {
 		{"missing file", call(func(is *sandboxinit.Spec) { is.Expect[0].Path = dir + "/gone" }), sandboxinit.StaleView + dir + "/gone: errno 2"},
 		{"exec fails", call(func(is *sandboxinit.Spec) { is.Path = dir }), "exec " + dir + ": errno 13"},
 		{"too long", append(make([]byte, 4<<20+1), sandboxinit.GoMsg...), "too long"},
+		{"count over the bytes left", []byte("skein-call/1\x00/bin/true\x0050\x00a\x00" + sandboxinit.GoMsg), "out of range"},
 	}
 	for _, c := range bad {
 		t.Run(c.name, func(t *testing.T) {
@@ -182,4 +203,116 @@ func TestEncodeCallRefusesNUL(t *testing.T) {
 			t.Errorf("encodeCall(%+v) = %q, want an error", is, raw)
 		}
 	}
+}
+
+// TestExecHelperMustBeStatic: the Sandbox uses a helper only when it is a
+// static program for this machine. A dynamically linked one would have
+// its ELF interpreter loaded from the plugin's image (the tenant's code,
+// run before the call and without the go); a script, a program for
+// another machine or a missing file are no helper either. Each is logged,
+// and prepared inits exec calls themselves.
+func TestExecHelperMustBeStatic(t *testing.T) {
+	needExecHelper(t)
+	dir := t.TempDir()
+	dynamic := filepath.Join(dir, "dynamic")
+	if out, err := exec.Command(cmp.Or(os.Getenv("CC"), "cc"), "-O2", "-o", dynamic, "../../../cmd/skein-sandbox-exec/exec.c").CombinedOutput(); err != nil {
+		t.Fatalf("build a dynamic helper: %v\n%s", err, out)
+	}
+	script := filepath.Join(dir, "script")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, path, want string
+	}{
+		{"static", execBin, ""},
+		{"dynamic", dynamic, "dynamically linked"},
+		{"script", script, "not an ELF program"},
+		{"missing", filepath.Join(dir, "missing"), "no such file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log strings.Builder
+			sb, err := New(Options{ScratchDir: filepath.Join(dir, "scratch-"+c.name), Prestart: -1, ExecPath: c.path,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			if used := sb.execFile != nil; used != (c.want == "") || !strings.Contains(log.String(), c.want) {
+				t.Errorf("helper used: %v; log %q, want it to say %q", used, log.String(), c.want)
+			}
+		})
+	}
+	f, err := os.Open(execBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	other := map[bool]string{true: "arm64", false: "amd64"}[runtime.GOARCH == "amd64"]
+	if err := staticFor(f, other); err == nil || !strings.Contains(err.Error(), "not for "+other) {
+		t.Errorf("the helper passes for %s: %v", other, err)
+	}
+}
+
+// TestExecHelperFailsToExec: a helper that passes the checks but cannot be
+// exec'd (not executable here) fails the preparation that tries it once:
+// the Sandbox says so and prepares its inits without it from then on, and
+// calls run.
+func TestExecHelperFailsToExec(t *testing.T) {
+	needExecHelper(t)
+	broken := filepath.Join(t.TempDir(), DefaultExecName)
+	copyFile(t, execBin, broken)
+	if err := os.Chmod(broken, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log syncBuffer
+	e := newPreparedEnv(t, Options{ExecPath: broken, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if e.sb.execFile == nil {
+		t.Fatal("the Sandbox refused the helper before trying it")
+	}
+	spec := e.spec(`{"mode":"ok"}`)
+	e.sb.prime(spec)
+	for end := time.Now().Add(5 * time.Second); !e.sb.execOff.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no preparation failed on the helper after 5 s")
+		}
+	}
+	if !strings.Contains(log.String(), "could not exec the exec helper") {
+		t.Errorf("log %q does not say the helper failed", log.String())
+	}
+	// The failed layout is tried again after a call of it succeeds.
+	if _, err := e.sb.Run(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	attempts := e.sb.prepared.attempts.Load()
+	for range 3 {
+		if _, err := e.run(t, context.Background(), spec); err != nil { // prepared, without the helper
+			t.Fatal(err)
+		}
+	}
+	if e.sb.pool.viaHelper.Load() != 0 {
+		t.Errorf("%d calls went through the broken helper", e.sb.pool.viaHelper.Load())
+	}
+	if n := e.sb.prepared.attempts.Load() - attempts; n > 4 {
+		t.Errorf("%d preparations for 3 calls", n)
+	}
+}
+
+// syncBuffer is a strings.Builder for a logger written from several
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -318,11 +318,15 @@ func bothStarts(t *testing.T, o Options, f func(t *testing.T, e *testEnv)) {
 		t.Run(start, func(t *testing.T) {
 			o := o
 			o.Prestart = map[string]int{"cold": -1, "warm": 2, "prepared": 2, "prepared-go": 2}[start]
+			helper := start == "prepared"
 			if start == "prepared-go" {
 				o.ExecPath, start = "-", "prepared"
 			}
 			e := newEnv(t, o)
 			e.start = start
+			if helper && execBin != "" && e.sb.execFile == nil {
+				t.Fatal("the Sandbox does not use the skein-sandbox-exec it was given")
+			}
 			if start == "warm" {
 				e.sb.prepared.size = 0
 			}
@@ -350,12 +354,20 @@ func (e *testEnv) run(t testing.TB, ctx context.Context, spec Spec) (*Result, er
 			t.Fatalf("no %s init ready after 5 s", e.start)
 		}
 	}
-	count := func() [3]int64 {
-		return [3]int64{e.sb.pool.cold.Load(), e.sb.pool.warm.Load(), e.sb.pool.prep.Load()}
+	count := func() [4]int64 {
+		return [4]int64{e.sb.pool.cold.Load(), e.sb.pool.warm.Load(), e.sb.pool.prep.Load(), e.sb.pool.viaHelper.Load()}
 	}
 	before := count()
 	res, err := e.sb.Run(ctx, spec)
 	after := count()
+	// A prepared call goes through skein-sandbox-exec exactly when the
+	// Sandbox has it (and it did not fail).
+	if e.start == "prepared" && err == nil {
+		helper := e.sb.execFile != nil && !e.sb.execOff.Load()
+		if got := after[3] - before[3]; got != map[bool]int64{true: 1}[helper] {
+			t.Errorf("%d calls through skein-sandbox-exec; want %v", got, map[bool]int{true: 1}[helper])
+		}
+	}
 	var got []string
 	for i, name := range []string{"cold", "warm", "prepared"} {
 		for range after[i] - before[i] {

@@ -50,8 +50,9 @@ type pool struct {
 	closed  bool
 	wg      sync.WaitGroup
 
-	// Calls started each way, for tests and metrics.
-	warm, cold, prep atomic.Int64
+	// Calls started each way, for tests and metrics; viaHelper counts the
+	// prepared ones skein-sandbox-exec exec'd.
+	warm, cold, prep, viaHelper atomic.Int64
 }
 
 // warmInit is an init waiting for its spec, with the parent's ends of its
@@ -348,6 +349,9 @@ func (w *warmInit) claim(ctx context.Context, is *sandboxinit.Spec, stdin []byte
 
 	err = awaitExec(w.status, ctx)
 	w.status.Close()
+	if err == nil && w.helper {
+		w.sb.pool.viaHelper.Add(1)
+	}
 	if err != nil {
 		w.cmd.Wait()
 		join()
@@ -403,8 +407,16 @@ func encodeCall(is *sandboxinit.Spec) ([]byte, error) {
 	if bad {
 		return nil, errors.New("a NUL byte in the executable's path, arguments or environment")
 	}
+	if len(b)+len(sandboxinit.GoMsg) > maxCall {
+		return nil, fmt.Errorf("the executable's path, arguments and environment take %d bytes, over the %d exec takes", len(b), maxCall)
+	}
 	return b, nil
 }
+
+// maxCall is the longest call skein-sandbox-exec reads (MAX_CALL there):
+// more than exec itself takes (a quarter of the stack limit, 2 MiB by
+// default).
+const maxCall = 4 << 20
 
 // discard ends a waiting init: an empty spec makes it exit.
 func (w *warmInit) discard() {

@@ -320,7 +320,7 @@ func (s *Sandbox) prepare(layout *sandboxinit.Spec) (*warmInit, error) {
 	w := &warmInit{sb: s, cg: cg}
 	env := []string{sandboxinit.PreparedEnv + "=1", sandboxinit.SpecEnv + "=" + string(raw)}
 	var pass []*os.File
-	if s.execFile != nil {
+	if s.execFile != nil && !s.execOff.Load() {
 		// fd 6 (ReadyFD + 1): sandboxinit.ExecFD
 		w.helper, pass = true, []*os.File{s.execFile}
 		env = append(env, sandboxinit.ExecEnv+"=1")
@@ -343,6 +343,9 @@ func (s *Sandbox) prepare(layout *sandboxinit.Spec) (*warmInit, error) {
 		}
 		why, _ := io.ReadAll(io.LimitReader(w.status, 4096))
 		w.discard()
+		if w.helper && strings.HasPrefix(string(why), sandboxinit.ExecFailed) {
+			s.helperFailed(string(why))
+		}
 		if len(why) == 0 {
 			why = []byte("not ready after " + prepareTimeout.String())
 		}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,8 +52,10 @@ type Sandbox struct {
 	initExe  string
 	initFile *os.File
 	// execFile is Options.ExecPath held open and handed to prepared
-	// inits (sandboxinit.ExecFD); nil: they exec calls themselves.
+	// inits (sandboxinit.ExecFD); nil: they exec calls themselves, as
+	// they do once execOff is set (an init could not exec it).
 	execFile *os.File
+	execOff  atomic.Bool
 	// removing counts the background work of ended calls under way:
 	// cgroup removals (dropCgroup), mount namespaces let go (release).
 	removing background
@@ -80,14 +84,9 @@ func New(o Options) (*Sandbox, error) {
 	if err := s.pinInit(); err != nil {
 		return nil, err
 	}
-	if o.ExecPath != "" && o.ExecPath != "-" {
-		f, err := os.Open(o.ExecPath)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox exec helper: %w", err)
-		}
-		s.execFile = f
-	}
+	s.openHelper()
 	if err := s.confine(); err != nil {
+		s.closeHelper()
 		return nil, err
 	}
 	s.canNice = canLowerNice()
@@ -201,6 +200,74 @@ func (s *Sandbox) Close() error {
 	s.pool.close()
 	s.removing.Wait()
 	s.cgroups.close()
+	s.closeHelper()
+	return nil
+}
+
+// openHelper opens Options.ExecPath as execFile when it is a program the
+// prepared inits can exec inside any image: static (no ELF interpreter,
+// which the kernel would load from the image: the tenant's code, before
+// the call) and for this machine. Anything else is logged, and prepared
+// inits exec calls themselves.
+func (s *Sandbox) openHelper() {
+	p := s.opts.ExecPath
+	if p == "" || p == "-" {
+		return
+	}
+	f, err := os.Open(p)
+	if err == nil {
+		err = staticFor(f, runtime.GOARCH)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		s.opts.Logger.Warn("sandbox: not using the exec helper; prepared inits exec calls themselves (slower with many calls at once)", "path", p, "err", err)
+		return
+	}
+	s.execFile = f
+}
+
+func (s *Sandbox) closeHelper() {
+	if s.execFile != nil {
+		s.execFile.Close()
+	}
+}
+
+// helperFailed is prepare's report of an init that could not exec the
+// helper (sandboxinit.ExecFailed): from now on prepared inits exec calls
+// themselves, said once.
+func (s *Sandbox) helperFailed(why string) {
+	if !s.execOff.Swap(true) {
+		s.opts.Logger.Warn("sandbox: a prepared init could not exec the exec helper; prepared inits exec calls themselves from now on", "path", s.opts.ExecPath, "err", why)
+	}
+}
+
+// elfMachines are the ELF machines of the architectures skein builds for.
+var elfMachines = map[string]elf.Machine{
+	"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64, "riscv64": elf.EM_RISCV,
+	"ppc64le": elf.EM_PPC64, "s390x": elf.EM_S390, "386": elf.EM_386, "arm": elf.EM_ARM,
+}
+
+// staticFor checks that f is an executable ELF program for goarch without
+// an interpreter (static, or static-pie).
+func staticFor(f *os.File, goarch string) error {
+	e, err := elf.NewFile(f)
+	if err != nil {
+		return fmt.Errorf("not an ELF program: %w", err)
+	}
+	defer e.Close()
+	if want, ok := elfMachines[goarch]; !ok || e.Machine != want {
+		return fmt.Errorf("built for %v, not for %s", e.Machine, goarch)
+	}
+	if e.Type != elf.ET_EXEC && e.Type != elf.ET_DYN {
+		return fmt.Errorf("ELF type %v is not a program", e.Type)
+	}
+	for _, prog := range e.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return errors.New("dynamically linked (it has an ELF interpreter, which would be loaded from the plugin's image): build it static")
+		}
+	}
 	return nil
 }
 

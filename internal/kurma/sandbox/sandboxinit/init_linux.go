@@ -58,6 +58,9 @@ const (
 	// from a single-threaded process, which waits for no thread to exit.
 	ExecEnv = "SKEIN_SANDBOX_EXEC"
 	ExecFD  = 6
+	// ExecFailed starts the setup error of an init that could not exec
+	// skein-sandbox-exec: the sandbox stops handing it over.
+	ExecFailed = "exec the sandbox's exec helper: "
 )
 
 // Spec is what the init needs to build the sandbox and exec. Paths are
@@ -299,7 +302,7 @@ func execHelper() error {
 	_, _, errno := unix.Syscall6(unix.SYS_EXECVEAT, ExecFD, uintptr(unsafe.Pointer(empty)),
 		uintptr(unsafe.Pointer(&argv[0])), uintptr(unsafe.Pointer(&envv[0])), unix.AT_EMPTY_PATH, 0)
 	unix.CloseOnExec(ErrFD)
-	return fmt.Errorf("exec the sandbox's exec helper: %w", errno)
+	return fmt.Errorf("%s%w", ExecFailed, errno)
 }
 
 // build makes the sandbox's filesystem and enters it: cgroups, the node's
