@@ -319,13 +319,13 @@ func (s *Store) ReleaseBlock(ctx context.Context, pool string, index uint32, nod
 	b := &skeinv1.AddressBlock{}
 	if err := s.client.Get(ctx, client.ObjectKey{Name: name}, b); err != nil {
 		if apierrors.IsNotFound(err) {
-			s.disown(name, "")
+			s.retire(name, "")
 			return nil
 		}
 		return fmt.Errorf("get AddressBlock %s: %w", name, err)
 	}
 	if owner := ownerOf(b); owner != node {
-		s.disown(name, "")
+		s.retire(name, "")
 		return fmt.Errorf("AddressBlock %s is node %q's, not %q's: %w", name, owner, node, store.ErrConflict)
 	}
 	// Delete first: a block with a deletion timestamp is visibly being
@@ -334,8 +334,13 @@ func (s *Store) ReleaseBlock(ctx context.Context, pool string, index uint32, nod
 	s.disown(name, "")
 	uid := b.UID
 	err := s.client.Delete(ctx, b, client.Preconditions{UID: &uid})
+	if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		// Deleted, gone, or another block of that name: that life of it
+		// is over for this node.
+		s.retire(name, uid)
+	}
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil // gone, or another block of that name: not ours
+		return nil
 	}
 	if err != nil {
 		// The delete may or may not have happened (its answer lost). If
@@ -437,6 +442,33 @@ func (s *Store) own(name string, uid types.UID) {
 	s.ownMu.Unlock()
 }
 
+// retire forgets block name for good: uid (or the one owned holds, with
+// "") is over for this node, as a live read or a delete has shown, and a
+// stale copy in the cache must not make it this node's again.
+func (s *Store) retire(name string, uid types.UID) {
+	s.ownMu.Lock()
+	defer s.ownMu.Unlock()
+	cur, ok := s.owned[name]
+	if uid == "" {
+		uid = cur
+	}
+	if ok && cur == uid {
+		delete(s.owned, name)
+	}
+	s.retireLocked(uid)
+}
+
+// retireLocked marks uid dropped; ownMu is held.
+func (s *Store) retireLocked(uid types.UID) {
+	if uid == "" {
+		return
+	}
+	if s.dropped == nil {
+		s.dropped = map[types.UID]bool{}
+	}
+	s.dropped[uid] = true
+}
+
 // disown forgets block name; with a uid, only that life of it.
 func (s *Store) disown(name string, uid types.UID) {
 	s.ownMu.Lock()
@@ -453,6 +485,11 @@ func (s *Store) observeBlock(b *skeinv1.AddressBlock, deleted bool) {
 	switch {
 	case deleted:
 		s.disown(b.Name, b.UID)
+		// The cache holds no copy of it any more, and a UID deleted
+		// never comes back: nothing is left to refuse.
+		s.ownMu.Lock()
+		delete(s.dropped, b.UID)
+		s.ownMu.Unlock()
 	case mine && b.DeletionTimestamp.IsZero():
 		s.own(b.Name, b.UID)
 	default:

@@ -65,19 +65,28 @@ func TestRenewalAcrossTheFence(t *testing.T) {
 	}
 }
 
-// TestClaimDuringLiveList: a block this node claims while its live list of
-// owned blocks is under way (created after the API server answered the
-// list) stays this node's: the list can only speak for what the node owned
-// before it was asked. Dropping it would leak the block (the API server
-// shows it as this node's, the node no longer uses it) until a restart.
+// TestClaimDuringLiveList: a block that becomes this node's while its live
+// list of owned blocks is under way (a claim answered after the API server
+// answered the list) may be newer than the list: it is read again by name,
+// and kept if it is this node's (block 5), dropped if the API server does
+// not have it (block 6: created before the list and deleted since, or
+// never). Dropping a real one would leak it until a restart; keeping a
+// gone one would hand out addresses of a block another node may get.
 func TestClaimDuringLiveList(t *testing.T) {
 	ctx := context.Background()
 	var s *Store
 	cl := interceptor.NewClient(fake.NewClientBuilder().WithScheme(Scheme).Build(), interceptor.Funcs{
 		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, op ...client.ListOption) error {
 			err := c.List(ctx, l, op...)
-			// Answered; meanwhile a claim creates block 5 and records it.
-			s.own("pool-5", "uid-5")
+			// Answered; meanwhile a claim creates block 5 and records it,
+			// and block 6 is recorded too.
+			b := testBlock("pool-5", "node-a")
+			b.UID = "uid-5"
+			if cerr := c.Create(ctx, b); cerr != nil {
+				t.Error(cerr)
+			}
+			s.own("pool-5", b.UID)
+			s.own("pool-6", "uid-6")
 			return err
 		},
 	})
@@ -89,8 +98,69 @@ func TestClaimDuringLiveList(t *testing.T) {
 	if !s.Owns("pool", 5, "node-a") {
 		t.Error("the block claimed during the live list was dropped")
 	}
+	for _, i := range []uint32{3, 6} {
+		if s.Owns("pool", i, "node-a") {
+			t.Errorf("block %d, which the API server does not have, is still owned", i)
+		}
+	}
+}
+
+// testBlock is an AddressBlock of pool "pool" owned by node.
+func testBlock(name, node string) *skeinv1.AddressBlock {
+	return &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: name,
+		Labels: map[string]string{skeinv1.LabelNode: node, skeinv1.LabelPool: "pool"}}, NodeName: node}
+}
+
+// TestForgottenDuringLiveList: a block the node gave back (or found gone)
+// while the live list was under way is no longer in the owned set when
+// the list's answer is compared, but that life of it is over all the
+// same: a stale copy in the cache does not make it this node's again.
+func TestForgottenDuringLiveList(t *testing.T) {
+	ctx := context.Background()
+	var s *Store
+	cl := interceptor.NewClient(fake.NewClientBuilder().WithScheme(Scheme).Build(), interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, op ...client.ListOption) error {
+			err := c.List(ctx, l, op...)
+			s.disown("pool-3", "") // a give-back's first step
+			return err
+		},
+	})
+	s = &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	stale := testBlock("pool-3", "node-a")
+	stale.UID = "uid-3"
+	s.observeBlock(stale, false)
+	if err := s.verifyOwned(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.observeBlock(stale, false)
 	if s.Owns("pool", 3, "node-a") {
-		t.Error("the block the API server no longer shows is still owned")
+		t.Error("a stale copy of a block the live list did not show made it this node's again")
+	}
+}
+
+// TestReleaseRetires: a block given back (deleted) or found gone by the
+// give-back is over for this node: a stale copy in the cache does not
+// make it this node's again.
+func TestReleaseRetires(t *testing.T) {
+	ctx := context.Background()
+	cl := fake.NewClientBuilder().WithScheme(Scheme).Build()
+	s := &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	kept := testBlock("pool-1", "node-a")
+	kept.UID = "uid-1"
+	if err := cl.Create(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	gone := testBlock("pool-2", "node-a")
+	gone.UID = "uid-2" // not on the API server
+	for _, b := range []*skeinv1.AddressBlock{kept, gone} {
+		s.observeBlock(b, false)
+		if err := s.ReleaseBlock(ctx, "pool", map[string]uint32{"pool-1": 1, "pool-2": 2}[b.Name], "node-a"); err != nil {
+			t.Fatal(err)
+		}
+		s.observeBlock(b, false) // the cache, not caught up
+		if s.Owns("pool", map[string]uint32{"pool-1": 1, "pool-2": 2}[b.Name], "node-a") {
+			t.Errorf("%s: a stale copy made a block given back this node's again", b.Name)
+		}
 	}
 }
 
@@ -103,8 +173,8 @@ func TestResyncAfterLiveList(t *testing.T) {
 	ctx := context.Background()
 	s := &Store{node: "node-a", client: fake.NewClientBuilder().WithScheme(Scheme).Build(),
 		owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
-	stale := &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: "pool-3", UID: "uid-3",
-		Labels: map[string]string{skeinv1.LabelNode: "node-a", skeinv1.LabelPool: "pool"}}, NodeName: "node-a"}
+	stale := testBlock("pool-3", "node-a")
+	stale.UID = "uid-3"
 	s.observeBlock(stale, false)
 	if !s.Owns("pool", 3, "node-a") {
 		t.Fatal("the cache's block is not owned to begin with")
@@ -115,6 +185,11 @@ func TestResyncAfterLiveList(t *testing.T) {
 	s.observeBlock(stale, false) // the stale cache again
 	if s.Owns("pool", 3, "node-a") {
 		t.Error("a stale copy of a block the live list dropped made it this node's again")
+	}
+	// The cache catches up: the block deleted, nothing left to refuse.
+	s.observeBlock(stale, true)
+	if s.dropped[stale.UID] {
+		t.Error("a deleted block's UID is still kept as dropped")
 	}
 	// Another life of the same block, claimed again: this node's.
 	again := stale.DeepCopy()

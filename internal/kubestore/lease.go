@@ -248,8 +248,9 @@ func (s *Store) Fenced() error {
 // verifyOwned drops from the owned set every block the API server (a
 // live list, not the cache) no longer shows as this node's, with the same
 // UID and not being deleted, and tells the Manager about their pools.
-// Only blocks owned before the list was asked for: one claimed while it
-// was under way may be newer than the list's answer.
+// The list speaks for the blocks owned before it was asked for; one that
+// became owned while it was under way (a claim's answer, a live read) may
+// be newer than the list or not, so it is read again by name.
 func (s *Store) verifyOwned(ctx context.Context) error {
 	s.ownMu.RLock()
 	before := maps.Clone(s.owned)
@@ -266,18 +267,50 @@ func (s *Store) verifyOwned(ctx context.Context) error {
 		}
 	}
 	var gone []string
+	var since map[string]types.UID
 	s.ownMu.Lock()
 	for name, uid := range before {
-		if still[name] != uid && s.owned[name] == uid {
+		if still[name] == uid {
+			continue
+		}
+		// That life of the block is over for this node, whether the
+		// owned set still holds it or a give-back forgot it meanwhile.
+		s.retireLocked(uid)
+		if s.owned[name] == uid {
 			delete(s.owned, name)
-			if s.dropped == nil {
-				s.dropped = map[types.UID]bool{}
-			}
-			s.dropped[uid] = true
 			gone = append(gone, name)
 		}
 	}
+	for name, uid := range s.owned {
+		if before[name] != uid && still[name] != uid {
+			if since == nil {
+				since = map[string]types.UID{}
+			}
+			since[name] = uid
+		}
+	}
 	s.ownMu.Unlock()
+	var rerr error
+	for name, uid := range since {
+		b := &skeinv1.AddressBlock{}
+		err := s.client.Get(ctx, client.ObjectKey{Name: name}, b)
+		switch {
+		case err == nil && b.UID == uid && ownerOf(b) == s.node && b.DeletionTimestamp.IsZero():
+			continue // this node's
+		case err != nil && !apierrors.IsNotFound(err):
+			// Not known yet: the renewal fails, and the next one reads
+			// again.
+			rerr = fmt.Errorf("read AddressBlock %s: %w", name, err)
+			continue
+		}
+		s.ownMu.Lock()
+		s.retireLocked(uid)
+		if s.owned[name] == uid {
+			delete(s.owned, name)
+			gone = append(gone, name)
+		}
+		s.ownMu.Unlock()
+	}
 	for _, name := range gone {
 		slog.Warn("a block of this node was taken while it could not renew its Lease", "block", name)
 		// BlockName is pool-index; the Manager looks the pool over.
@@ -285,5 +318,5 @@ func (s *Store) verifyOwned(ctx context.Context) error {
 			s.notify(name[:i])
 		}
 	}
-	return nil
+	return rerr
 }

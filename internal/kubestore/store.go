@@ -88,11 +88,13 @@ type Store struct {
 	// prove: its own creates, and what the cache shows since.
 	ownMu sync.RWMutex
 	owned map[string]types.UID
-	// dropped are the UIDs of blocks a live list found were no longer
-	// this node's (verifyOwned): a stale copy of one in the cache (a
-	// resync before the cache caught up) must not make it this node's
-	// again. A block's owner never changes, so a UID once dropped is
-	// never this node's again.
+	// dropped are the UIDs of blocks a live read or this node's own
+	// delete found were no longer this node's (verifyOwned, ReleaseBlock:
+	// retire): a stale copy of one in the cache (a resync before the
+	// cache caught up) must not make it this node's again. A block's
+	// owner never changes, so a UID once dropped is never this node's
+	// again (a block whose node label someone edited stays dropped until
+	// skeind restarts). Pruned when the cache sees the block deleted.
 	dropped map[types.UID]bool
 
 	watchMu sync.Mutex
