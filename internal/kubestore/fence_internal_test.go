@@ -35,7 +35,7 @@ func TestRenewalAcrossTheFence(t *testing.T) {
 			return c.List(ctx, l, op...)
 		},
 	})
-	s := &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	s := nodeAStore(cl)
 	s.lease = newLeaseKeeper(s, "", 2*time.Second)
 	s.lease.renew(ctx) // creates the Lease; the first renewal reads what the node owns
 	if err := s.Fenced(); err != nil || lists.Load() != 1 {
@@ -90,7 +90,7 @@ func TestClaimDuringLiveList(t *testing.T) {
 			return err
 		},
 	})
-	s = &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	s = nodeAStore(cl)
 	s.own("pool-3", "uid-3") // owned before the list, gone from the API server
 	if err := s.verifyOwned(ctx); err != nil {
 		t.Fatal(err)
@@ -103,6 +103,11 @@ func TestClaimDuringLiveList(t *testing.T) {
 			t.Errorf("block %d, which the API server does not have, is still owned", i)
 		}
 	}
+}
+
+// nodeAStore is a Store of node-a on cl, without a cache or a Lease.
+func nodeAStore(cl client.Client) *Store {
+	return &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
 }
 
 // testBlock is an AddressBlock of pool "pool" owned by node.
@@ -125,7 +130,7 @@ func TestForgottenDuringLiveList(t *testing.T) {
 			return err
 		},
 	})
-	s = &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	s = nodeAStore(cl)
 	stale := testBlock("pool-3", "node-a")
 	stale.UID = "uid-3"
 	s.observeBlock(stale, false)
@@ -144,7 +149,7 @@ func TestForgottenDuringLiveList(t *testing.T) {
 func TestReleaseRetires(t *testing.T) {
 	ctx := context.Background()
 	cl := fake.NewClientBuilder().WithScheme(Scheme).Build()
-	s := &Store{node: "node-a", client: cl, owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	s := nodeAStore(cl)
 	kept := testBlock("pool-1", "node-a")
 	kept.UID = "uid-1"
 	if err := cl.Create(ctx, kept); err != nil {
@@ -171,8 +176,7 @@ func TestReleaseRetires(t *testing.T) {
 // node, whatever a stale copy says.
 func TestResyncAfterLiveList(t *testing.T) {
 	ctx := context.Background()
-	s := &Store{node: "node-a", client: fake.NewClientBuilder().WithScheme(Scheme).Build(),
-		owned: map[string]types.UID{}, m: newStoreMetrics(), done: make(chan struct{})}
+	s := nodeAStore(fake.NewClientBuilder().WithScheme(Scheme).Build())
 	stale := testBlock("pool-3", "node-a")
 	stale.UID = "uid-3"
 	s.observeBlock(stale, false)

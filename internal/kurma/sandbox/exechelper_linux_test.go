@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/kurma/sandbox/sandboxinit"
+	"github.com/skeinnet/skein/test/harness"
 )
 
 // helperRun starts skein-sandbox-exec on its own (no sandbox around it:
@@ -265,7 +265,7 @@ func TestExecHelperFailsToExec(t *testing.T) {
 	if err := os.Chmod(broken, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuffer
+	var log harness.SyncBuffer
 	e := newPreparedEnv(t, Options{ExecPath: broken, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if e.sb.execFile == nil {
 		t.Fatal("the Sandbox refused the helper before trying it")
@@ -296,23 +296,4 @@ func TestExecHelperFailsToExec(t *testing.T) {
 	if n := e.sb.prepared.attempts.Load() - attempts; n > 4 {
 		t.Errorf("%d preparations for 3 calls", n)
 	}
-}
-
-// syncBuffer is a strings.Builder for a logger written from several
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
