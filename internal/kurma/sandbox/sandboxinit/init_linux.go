@@ -301,6 +301,9 @@ func execHelper() error {
 	envv := []*byte{nil}
 	_, _, errno := unix.Syscall6(unix.SYS_EXECVEAT, ExecFD, uintptr(unsafe.Pointer(empty)),
 		uintptr(unsafe.Pointer(&argv[0])), uintptr(unsafe.Pointer(&envv[0])), unix.AT_EMPTY_PATH, 0)
+	runtime.KeepAlive(argv)
+	runtime.KeepAlive(empty)
+	runtime.KeepAlive(envv)
 	unix.CloseOnExec(ErrFD)
 	return fmt.Errorf("%s%w", ExecFailed, errno)
 }
@@ -410,12 +413,12 @@ func (s *Spec) execLocked() error {
 	return nil
 }
 
-// closeOnExec marks every descriptor from first on close-on-exec (3, above
-// stderr, for the executable, so that it starts with 0, 1 and 2 only): the init's own protocol
-// pipes are marked already, but whatever the daemon itself inherited
-// without the flag (from a launcher that leaks descriptors: a script, a
-// supervisor, socket activation) came through its fork and this init's,
-// and would reach the plugin otherwise.
+// closeOnExec marks every descriptor from first on close-on-exec (from 3
+// for the executable, so that it starts with 0, 1 and 2 only): the init's
+// own protocol pipes are marked already, but whatever the daemon itself
+// inherited without the flag (from a launcher that leaks descriptors: a
+// script, a supervisor, socket activation) came through its fork and this
+// init's, and would reach the plugin otherwise.
 func closeOnExec(first int) error {
 	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	if err == nil {
