@@ -275,6 +275,9 @@ func (k *Kernel) removeAll() error {
 	if err := k.deleteDevice(); err != nil {
 		return err
 	}
+	if err := k.deleteGuard(); err != nil {
+		return err
+	}
 	return k.setRules(false)
 }
 

@@ -197,6 +197,9 @@ func (k *Kernel) syncDirect(ctx context.Context, remotes []routing.Remote) ([]ro
 	if err := k.deleteDevice(); err != nil {
 		return out, err
 	}
+	if err := k.deleteGuard(); err != nil {
+		return out, err
+	}
 	k.last = &applied{mode: routing.ModeDirect, table: tableState{own: map[netip.Prefix][]netlink.Route{}, foreign: cur.foreign}}
 	k.last.setRoutes(cur, want, failed)
 	return out, nil

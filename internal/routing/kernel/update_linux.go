@@ -143,6 +143,23 @@ func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []routing.Remo
 	a := k.last
 	cur := a.scoped(scope)
 	plan := k.planVXLAN(remotes, cur, a.local, a.dev)
+	guard := map[string]netip.Addr{}
+	for m, peer := range a.fdb {
+		guard[m] = peer
+	}
+	added := false
+	for m, peer := range plan.fdb {
+		if have, ok := guard[m]; !ok || have != peer {
+			guard[m], added = peer, true
+		}
+	}
+	if added {
+		// The new peers may send before their FDB entries exist; the
+		// ones no block wants any more go below.
+		if err := k.setGuard(guard); err != nil {
+			return nil, err
+		}
+	}
 	for m, peer := range plan.fdb {
 		if have, ok := a.fdb[m]; ok && have == peer {
 			continue
@@ -211,6 +228,11 @@ func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []routing.Remo
 	for p := range scope {
 		if a.gwUse[p.Addr()] <= 0 {
 			delete(a.gwUse, p.Addr())
+		}
+	}
+	if added || len(old) > 0 {
+		if err := k.setGuard(a.fdb); err != nil {
+			return nil, err
 		}
 	}
 	finishVXLAN(plan.out, neighFailed, failed)

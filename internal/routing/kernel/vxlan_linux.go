@@ -227,6 +227,10 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []routing.Remote) ([]rou
 		return nil, err
 	}
 	plan := k.planVXLAN(remotes, cur, local, dev)
+	// Only the peers may send to the device (guard_linux.go).
+	if err := k.setGuard(plan.fdb); err != nil {
+		return nil, err
+	}
 
 	// Add and replace: FDB, then neighbours, then routes (which also
 	// deletes stale routes), then the stale neighbours and FDB entries.
