@@ -3,6 +3,7 @@ package vm
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -20,7 +21,9 @@ import (
 // advertisements on the veth port, in both directions: frames arriving on
 // it (prerouting), frames the bridge forwards to it (forward) and frames
 // the server sends (output). The server itself listens on the bridge and
-// is not affected: the bridge hands it a copy before forwarding.
+// is not affected: the bridge hands it a copy before forwarding. The same
+// table drops frames from the tap whose source MAC is not the VM's: the
+// guest is not trusted, and sends as itself or not at all.
 
 func filterTable(bridge string) *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyBridge, Name: "skein_vm_" + bridge}
@@ -41,7 +44,7 @@ func nftConn(nsPath string) (*nftables.Conn, error) {
 	return c, nil
 }
 
-func installFilter(nsPath, bridge, veth string) error {
+func installFilter(nsPath, bridge, veth, tap string, vmMAC net.HardwareAddr) error {
 	c, err := nftConn(nsPath)
 	if err != nil {
 		return err
@@ -73,6 +76,17 @@ func installFilter(nsPath, bridge, veth string) error {
 				&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: binaryutil.BigEndian.PutUint16(ports[0]), ToData: binaryutil.BigEndian.PutUint16(ports[1])},
 				&expr.Verdict{Kind: expr.VerdictDrop},
 			)})
+		}
+		if ch.name == "prerouting" {
+			// Frames from the guest carry its MAC as their source, or
+			// nothing else on the bridge sees them.
+			c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(tap)},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(vmMAC)},
+				&expr.Verdict{Kind: expr.VerdictDrop},
+			}})
 		}
 		if ch.name == "output" {
 			c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: append(append([]expr.Any{}, port...),

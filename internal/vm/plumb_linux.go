@@ -298,14 +298,26 @@ func Plumb(nsPath string, p *Port, alias string) (retErr error) {
 			return fmt.Errorf("enslave %s to %s: %w", l.Attrs().Name, p.Bridge, err)
 		}
 	}
+	// The guest is not trusted: the tap port learns nothing (a guest
+	// sending from ever new source MACs would otherwise grow the bridge's
+	// table without bound; frames to the VM reach it as unknown unicast,
+	// the bridge having two ports), and the filter below drops frames
+	// from the tap with any source MAC but the VM's.
+	vmMAC := p.Lease.HWAddr()
+	if vmMAC == nil {
+		return fmt.Errorf("the lease has no MAC for %s", p.Tap)
+	}
+	if err := pod.LinkSetLearning(tap, false); err != nil {
+		return fmt.Errorf("turn learning off on %s: %w", p.Tap, err)
+	}
 	for _, l := range []netlink.Link{br, tap, veth} {
 		if err := pod.LinkSetUp(l); err != nil {
 			return fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
 		}
 	}
 
-	// 5. DHCP stays inside the pod.
-	return installFilter(nsPath, p.Bridge, p.Veth)
+	// 5. DHCP stays inside the pod; the guest sends as itself.
+	return installFilter(nsPath, p.Bridge, p.Veth, p.Tap, vmMAC)
 }
 
 // Unplumb undoes Plumb as far as it got: it removes the filter, the tap
