@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -31,11 +32,20 @@ func (s *Service) Del(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply, 
 }
 
 func (s *Service) detach(ctx context.Context, k store.AttachmentKey) error {
+	return s.detachUnless(ctx, k, nil)
+}
+
+// detachUnless is detach, except when keep, asked under the key's lock,
+// says the record (if any) stays.
+func (s *Service) detachUnless(ctx context.Context, k store.AttachmentKey, keep func(rec record, found bool) bool) error {
 	unlock := s.lock(k.String())
 	defer unlock()
 	rec, found, err := s.getRecord(ctx, k)
 	if err != nil {
 		return err
+	}
+	if keep != nil && keep(rec, found) {
+		return nil
 	}
 	s.stopServers(k.String())
 	if !found {
@@ -128,12 +138,20 @@ func (s *Service) Status(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIRepl
 }
 
 // GC removes the VM attachments of this network the runtime no longer
-// lists as valid.
+// lists as valid, except those it could not have listed: an ADD under way
+// when the GC came, or a record made since (as the main plugin's GC,
+// Daemon.Collect).
 func (s *Service) GC(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply, error) {
 	start := time.Now()
 	conf, err := ParseConf(req.Netconf, false)
 	if err != nil {
 		return s.reply("GC", start, nil, err)
+	}
+	s.mu.Lock()
+	busy := maps.Clone(s.adding)
+	s.mu.Unlock()
+	keep := func(rec record, found bool) bool {
+		return !found || !rec.Created.Before(start)
 	}
 	valid := map[types.GCAttachment]bool{}
 	for _, v := range conf.ValidAttachments {
@@ -145,11 +163,11 @@ func (s *Service) GC(ctx context.Context, req *rpc.CNIRequest) (*rpc.CNIReply, e
 	}
 	var errs []error
 	for _, r := range recs {
-		if r.Key.Network != conf.Name || valid[types.GCAttachment{ContainerID: r.Key.ContainerID, IfName: r.Key.IfName}] {
+		if r.Key.Network != conf.Name || valid[types.GCAttachment{ContainerID: r.Key.ContainerID, IfName: r.Key.IfName}] || busy[r.Key.String()] > 0 {
 			continue
 		}
 		s.log.Info("gc: removing stale VM attachment", "key", r.Key)
-		if err := s.detach(ctx, r.Key); err != nil {
+		if err := s.detachUnless(ctx, r.Key, keep); err != nil {
 			errs = append(errs, err)
 		}
 	}

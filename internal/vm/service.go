@@ -65,6 +65,9 @@ type Service struct {
 	containers keylock.Locks
 	mu         sync.Mutex
 	servers    map[string][]*Server
+	// adding counts the ADDs of each key under way (under mu): GC leaves
+	// them alone, as the main plugin's does (Daemon.Collect).
+	adding map[string]int
 }
 
 var _ rpc.VMServer = (*Service)(nil)
@@ -266,6 +269,19 @@ func (s *Service) add(ctx context.Context, req *rpc.CNIRequest) (_ []byte, retEr
 	k := keyOf(conf, req)
 	unlock := s.lock(k.String())
 	defer unlock()
+	s.mu.Lock()
+	if s.adding == nil {
+		s.adding = map[string]int{}
+	}
+	s.adding[k.String()]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.adding[k.String()]--; s.adding[k.String()] <= 0 {
+			delete(s.adding, k.String())
+		}
+		s.mu.Unlock()
+	}()
 	if _, found, err := s.getRecord(ctx, k); err != nil {
 		return nil, err
 	} else if found {

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skeinnet/skein/api/rpc"
 	"github.com/skeinnet/skein/internal/store"
 	"github.com/skeinnet/skein/internal/vm/handover"
 )
@@ -151,3 +153,60 @@ func TestTokenSurvivesConcurrentDelOnOtherNetwork(t *testing.T) {
 		t.Errorf("%d lock entries remain", n)
 	}
 }
+
+// TestGCLeavesAddsItCouldNotList: GC removes what the runtime's list left
+// out, except what the list could not have held (as the main plugin's GC,
+// Daemon.Collect): an attachment whose ADD is under way when GC comes (it
+// waits for the ADD's lock, and used to tear down the ADD that had just
+// succeeded), and one recorded again after GC came (an ADD after a DEL).
+// A record from before, with no ADD under way, goes.
+func TestGCLeavesAddsItCouldNotList(t *testing.T) {
+	ctx := context.Background()
+	s := serviceOn(t, openStore(t))
+	s.d = quietHost{}
+	key := func(id string) store.AttachmentKey {
+		return store.AttachmentKey{Network: "net", ContainerID: id, IfName: "eth0"}
+	}
+	old := time.Now().Add(-time.Minute).UTC()
+	for _, id := range []string{"adding", "again", "stale"} {
+		if err := s.putRecord(ctx, record{Key: key(id), Created: old}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "net", "type": "skein-vm", "cni.dev/valid-attachments": []any{}})
+
+	// An ADD of "adding" under way, and "again" locked by an ADD that
+	// records it anew before GC gets the lock.
+	s.mu.Lock()
+	s.adding = map[string]int{key("adding").String(): 1}
+	s.mu.Unlock()
+	unlockAdding := s.lock(key("adding").String())
+	unlockAgain := s.lock(key("again").String())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.GC(ctx, &rpc.CNIRequest{Netconf: conf})
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // GC has listed the records and waits
+	if err := s.putRecord(ctx, record{Key: key("again"), Created: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	unlockAgain()
+	s.mu.Lock()
+	delete(s.adding, key("adding").String())
+	s.mu.Unlock()
+	unlockAdding()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"adding": true, "again": true, "stale": false} {
+		if _, found, _ := s.getRecord(ctx, key(id)); found != want {
+			t.Errorf("%s: record there after GC: %v, want %v", id, found, want)
+		}
+	}
+}
+
+// quietHost is a Host that only takes metrics.
+type quietHost struct{ Host }
+
+func (quietHost) Observe(string, string, uint, time.Duration) {}
