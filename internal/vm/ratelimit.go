@@ -17,6 +17,8 @@ var (
 	// badRequestLimit: NAKs and DHCPv6 error replies. A client that
 	// rebooted with a stale address needs one.
 	badRequestLimit = limit{burst: 4, every: time.Second}
+	// warningLimit: socket errors logged per port (the rest counted).
+	warningLimit = limit{burst: 3, every: 10 * time.Second}
 )
 
 // limit is a token bucket's shape: burst answers at once, then one more

@@ -59,6 +59,22 @@ type Server struct {
 	// solicitedRA and badRequest bound the answers a guest can provoke
 	// (see ratelimit.go); used by the serving goroutine only.
 	solicitedRA, badRequest *bucket
+	// warnings bounds the socket errors logged (a guest can provoke one
+	// per frame: a reply too long for the link); under warnMu.
+	warnMu   sync.Mutex
+	warnings *bucket
+}
+
+// warn logs a socket error, at most warningLimit of them; the others are
+// counted in Stats.SocketErrors only.
+func (s *Server) warn(msg string, err error) {
+	s.stats.SocketErrors.Add(1)
+	s.warnMu.Lock()
+	ok := s.warnings.allow(time.Now())
+	s.warnMu.Unlock()
+	if ok {
+		s.log.Warn(msg, "err", err, "socketErrors", s.stats.SocketErrors.Load())
+	}
 }
 
 // Stats counts what a Server did. Safe to read while it runs.
@@ -66,6 +82,8 @@ type Stats struct {
 	Offers, Acks, Naks, Replies6, Adverts, Dropped, Malformed atomic.Int64
 	// Limited counts answers not sent because of a rate limit.
 	Limited atomic.Int64
+	// SocketErrors counts failed reads and sends.
+	SocketErrors atomic.Int64
 }
 
 // StartServer opens the socket in the pod namespace and starts serving
@@ -105,7 +123,7 @@ func StartServer(nsPath string, p Port, log *slog.Logger) (*Server, error) {
 	s := &Server{
 		lease: p.Lease, vmMAC: vmMAC, bridgeMAC: brMAC, ownLL: LinkLocal(brMAC), duid: ServerDUID(brMAC),
 		ifindex: ifindex, f: f, rc: rc, done: make(chan struct{}), raInterval: 200 * time.Second,
-		solicitedRA: newBucket(solicitedRALimit), badRequest: newBucket(badRequestLimit),
+		solicitedRA: newBucket(solicitedRALimit), badRequest: newBucket(badRequestLimit), warnings: newBucket(warningLimit),
 		log: log.With("bridge", p.Bridge, "vm_mac", p.Lease.MAC),
 	}
 	s.wg.Add(1)
@@ -208,8 +226,15 @@ func (s *Server) serve() {
 			if errors.Is(rerr, unix.EINTR) {
 				continue
 			}
-			s.log.Error("dhcp: read", "err", rerr)
-			return
+			// Not the end: the bridge going down reports ENETDOWN once,
+			// and the socket serves again once it is up.
+			s.warn("dhcp: read", rerr)
+			select {
+			case <-s.done:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
 		}
 		if sll, ok := from.(*unix.SockaddrLinklayer); ok && sll.Pkttype == unix.PACKET_OUTGOING {
 			continue // our own replies
@@ -373,6 +398,6 @@ func (s *Server) send(frame []byte) {
 		err = werr
 	}
 	if err != nil && !errors.Is(err, os.ErrClosed) {
-		s.log.Warn("dhcp: send", "err", err)
+		s.warn("dhcp: send", err)
 	}
 }

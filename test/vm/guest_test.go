@@ -3,9 +3,11 @@ package vm
 import (
 	"crypto/rand"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/insomniacslk/dhcp/dhcpv4"
 	"golang.org/x/sys/unix"
 
 	"github.com/skeinnet/skein/internal/vm"
@@ -104,5 +106,51 @@ func TestGuestOwnMACOnly(t *testing.T) {
 	}
 	if !got(3) {
 		t.Fatal("a frame from the VM's own MAC did not reach the bridge: the test cannot see frames")
+	}
+}
+
+// TestBridgeDownAndUp: the pod's bridge going down and up (anything in the
+// pod with CAP_NET_ADMIN, or an operator) does not end the DHCP server:
+// its socket reports the link going down once, and it serves again once
+// the link is up. Before, that one error ended it for good, and the VM
+// lost its address at its lease's end.
+func TestBridgeDownAndUp(t *testing.T) {
+	e := newEnv(t)
+	l := e.skeinChain(t, "vm-bounce", "1.1.0", nil)
+	p := e.mustAddVM(t, l, "bounce")
+	vmNS, ifName := p.vmSide(t)
+	raw := openRaw(t, vmNS, ifName)
+	mac, _ := net.ParseMAC(p.vmMAC)
+	answers := func() int {
+		d, err := dhcpv4.NewDiscovery(mac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw.send(t, vm.BuildUDP(mac, net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+			netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("255.255.255.255"), 68, 67, d.ToBytes()))
+		return len(raw.replies(t, d.TransactionID, 2*time.Second))
+	}
+	if n := answers(); n != 1 {
+		t.Fatalf("%d answers to a DISCOVER before", n)
+	}
+	h := p.ns.Handle(t)
+	br, err := h.LinkByName(p.bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetDown(br); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := h.LinkSetUp(br); err != nil {
+		t.Fatal(err)
+	}
+	// The ports forward again once the bridge is up; a client retries.
+	var n int
+	for try := 0; try < 5 && n == 0; try++ {
+		n = answers()
+	}
+	if n != 1 {
+		t.Errorf("%d answers to a DISCOVER after the bridge went down and up", n)
 	}
 }
