@@ -195,6 +195,19 @@ func (g *Geometry) Reserved(a netip.Addr) bool {
 	return false
 }
 
+// SliceReserved reports whether the pool reserves every address of block
+// i's slice of a family (IPv6 when v6); false when the pool lacks the
+// family. No address of such a slice is ever handed out, so a block claimed
+// for it is no node's to route.
+func (g *Geometry) SliceReserved(i uint32, v6 bool) bool {
+	v4p, v6p := g.BlockPrefixes(i)
+	p := v4p
+	if v6 {
+		p = v6p
+	}
+	return p.IsValid() && len(g.usableBlocks([]netip.Prefix{p}, v6)) == 0
+}
+
 // BlockPrefixes returns the slices of block i; a family the pool lacks is
 // the zero Prefix.
 func (g *Geometry) BlockPrefixes(i uint32) (v4, v6 netip.Prefix) {

@@ -285,6 +285,13 @@ func (ps poolSlices) check(b *skeinv1.AddressBlock) string {
 	return ""
 }
 
+// reserved reports whether b's pool reserves its whole slice of a family
+// (b passed check).
+func (ps poolSlices) reserved(b *skeinv1.AddressBlock, v6 bool) bool {
+	g := ps[b.Name[:strings.LastIndexByte(b.Name, '-')]]
+	return g.SliceReserved(uint32(b.Index), v6)
+}
+
 // snapshotOf builds a Snapshot from the cache's objects.
 func (w *Watcher) snapshotOf(nodes []corev1.Node, blocks []skeinv1.AddressBlock, pools []skeinv1.AddressPool) Snapshot {
 	geos := slicesOf(pools)
@@ -315,6 +322,14 @@ func (w *Watcher) snapshotOf(nodes []corev1.Node, blocks []skeinv1.AddressBlock,
 			}
 			p, err := netip.ParsePrefix(*s)
 			if err != nil {
+				continue
+			}
+			// A slice whose every address the pool reserves is never
+			// handed out: a block claimed for it (no honest node does)
+			// would route the reserved range, VIPs and the like, to
+			// that node.
+			if geos.reserved(b, p.Addr().Is6()) {
+				refused[b.Name] = fmt.Sprintf("its %s slice %s is reserved whole by its pool", map[bool]string{false: "ipv4", true: "ipv6"}[p.Addr().Is6()], p.Masked())
 				continue
 			}
 			snap.Remotes = append(snap.Remotes, Remote{Block: p.Masked(), Name: b.Name, Node: node, NodeAddrs: snap.Nodes[node].Addrs})

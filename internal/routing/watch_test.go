@@ -378,3 +378,31 @@ func BenchmarkSnapshot3000Blocks(b *testing.B) {
 		}
 	}
 }
+
+// TestReservedSlicesNotRouted: a block of another node whose slice of a
+// family the pool reserves whole (which no honest node claims: a node
+// whose own checks are off, or a hostile one, could) routes nothing of
+// that family: the reserved range (VIPs, infrastructure) must not be
+// drawn to that node. The rest of its blocks route as before.
+func TestReservedSlicesNotRouted(t *testing.T) {
+	pools := []skeinv1.AddressPool{{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+		Spec: skeinv1.AddressPoolSpec{Subnets: []skeinv1.SubnetSet{{IPv4: ptr.To("10.64.0.0/26"), IPv6: ptr.To("fd00:64::/122")}},
+			BlockSizeBits: 4, Reserved: []string{"10.64.0.16/28", "10.64.0.32-10.64.0.40"}}}}
+	nodes := []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "evil"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.1.9"}}}}}
+	var blocks []skeinv1.AddressBlock
+	for i, s := range [][2]string{{"10.64.0.16/28", "fd00:64::10/124"}, {"10.64.0.32/28", "fd00:64::20/124"}} {
+		blocks = append(blocks, skeinv1.AddressBlock{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%d", i+1), Labels: map[string]string{skeinv1.LabelNode: "evil"}},
+			NodeName:   "evil", Index: int64(i + 1), IPv4: ptr.To(s[0]), IPv6: ptr.To(s[1])})
+	}
+	w := &Watcher{node: "node-0", log: quietLogger(), refused: map[string]string{}}
+	var got []string
+	for _, r := range w.snapshotOf(nodes, blocks, pools).Remotes {
+		got = append(got, r.Name+" "+r.Block.String())
+	}
+	want := []string{"p-2 10.64.0.32/28", "p-1 fd00:64::10/124", "p-2 fd00:64::20/124"}
+	if !slices.Equal(got, want) {
+		t.Errorf("routed %q, want %q (not 10.64.0.16/28, reserved whole)", got, want)
+	}
+}

@@ -108,6 +108,10 @@ func ValidateBlock(b *skeinv1.AddressBlock, pool *skeinv1.AddressPool, held int)
 				fmt.Sprintf("block %d of AddressPool %s is %q", b.Index, pool.Name, f.want)))
 		}
 	}
+	if (!v4.IsValid() || geo.SliceReserved(uint32(b.Index), false)) && (!v6.IsValid() || geo.SliceReserved(uint32(b.Index), true)) {
+		errs = append(errs, field.Forbidden(field.NewPath("index"),
+			fmt.Sprintf("AddressPool %s reserves every address of block %d: no node may claim it", pool.Name, b.Index)))
+	}
 	if limit := pool.Spec.MaxBlocks(); held >= limit {
 		errs = append(errs, field.Forbidden(field.NewPath("nodeName"),
 			fmt.Sprintf("node %s holds %d blocks of AddressPool %s, its maxBlocksPerNode", b.NodeName, held, pool.Name)))

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -118,4 +119,28 @@ func TestValidateUpdateListsAll(t *testing.T) {
 	err := ValidateUpdate(old, pool("p", 6, v4("10.64.0.0/24")), nil)
 	check(t, err, "blockSizeBits is immutable")
 	check(t, err, "spec.subnets[1]")
+}
+
+// TestBlockWhollyReserved: no node may claim a block whose every address
+// its pool reserves (every family's): routes follow blocks, so such a
+// claim would draw the reserved range's traffic to that node. A block
+// reserved in one family but not the other, or in part, may be claimed.
+func TestBlockWhollyReserved(t *testing.T) {
+	p := pool("p", 3, dual("10.64.0.0/28", "fd00:64::/124")) // 2 blocks of 8
+	p.Spec.Reserved = []string{"10.64.0.0/29", "fd00:64::/125", "10.64.0.8", "fd00:64::9-fd00:64::f"}
+	block := func(index int64) *skeinv1.AddressBlock {
+		v4, v6 := fmt.Sprintf("10.64.0.%d/29", 8*index), []string{"fd00:64::/125", "fd00:64::8/125"}[index]
+		return &skeinv1.AddressBlock{ObjectMeta: metav1.ObjectMeta{Name: skeinv1.BlockName("p", uint32(index))},
+			NodeName: "n1", Index: index, IPv4: &v4, IPv6: &v6}
+	}
+	if errs := ValidateBlock(block(0), p, 0); !strings.Contains(errs.ToAggregate().Error(), "reserves every address of block 0") {
+		t.Errorf("block 0, reserved whole: %v", errs)
+	}
+	if errs := ValidateBlock(block(1), p, 0); len(errs) != 0 {
+		t.Errorf("block 1, reserved in part: %v", errs)
+	}
+	p.Spec.Reserved = []string{"10.64.0.0/29"} // IPv4 only
+	if errs := ValidateBlock(block(0), p, 0); len(errs) != 0 {
+		t.Errorf("block 0, its IPv6 slice free: %v", errs)
+	}
 }
