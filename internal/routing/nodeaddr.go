@@ -32,7 +32,7 @@ func ParseNodeAddresses(s string) ([]netip.Addr, error) {
 		switch {
 		case a.Zone() != "":
 			return nil, fmt.Errorf("node address %q: a zone is not allowed", f)
-		case a.IsUnspecified(), a.IsLoopback(), a.IsMulticast(), a.IsLinkLocalUnicast():
+		case !reachable(a):
 			return nil, fmt.Errorf("node address %q: not a unicast address other nodes can reach", f)
 		}
 		have := &have6
@@ -48,9 +48,18 @@ func ParseNodeAddresses(s string) ([]netip.Addr, error) {
 	return out, nil
 }
 
+// reachable: a is a unicast address without a zone that other nodes can
+// send to (not unspecified, loopback, multicast, link-local).
+func reachable(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.Zone() == "" && !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() && !a.IsLinkLocalUnicast() &&
+		!a.IsInterfaceLocalMulticast() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
 // NodeAddresses returns node's underlay addresses: the
 // skein.dev/node-address annotation when it is set and valid, else the
-// node's InternalIPs (the first of each family). A set but invalid
+// node's InternalIPs (the first of each family that other nodes can
+// reach, checked as the annotation's addresses are). A set but invalid
 // annotation is returned as badAnnotation, and the InternalIPs are used.
 func NodeAddresses(node *corev1.Node) (addrs []netip.Addr, badAnnotation error) {
 	if v, ok := node.Annotations[skeinv1.AnnotationNodeAddress]; ok {
@@ -66,8 +75,8 @@ func NodeAddresses(node *corev1.Node) (addrs []netip.Addr, badAnnotation error) 
 			continue
 		}
 		a, err := netip.ParseAddr(na.Address)
-		if err != nil || a.Zone() != "" {
-			continue
+		if err != nil || !reachable(a) {
+			continue // as the annotation's: a peer could not send there
 		}
 		a = a.Unmap()
 		have := &have6

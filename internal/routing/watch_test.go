@@ -83,6 +83,12 @@ func TestNodeAddresses(t *testing.T) {
 		{"annotation wins", node("192.0.2.7", ip(corev1.NodeInternalIP, "10.0.0.1")), "192.0.2.7", false},
 		{"bad annotation: internal IPs", node("192.0.2.7,192.0.2.8", ip(corev1.NodeInternalIP, "10.0.0.1")), "10.0.0.1", true},
 		{"nothing", node(""), "", false},
+		// InternalIPs are checked as the annotation is: the first one a
+		// peer can send to (a multicast one would have every node
+		// multicast this node's pod traffic on the underlay).
+		{"internal IPs other nodes cannot reach", node("", ip(corev1.NodeInternalIP, "224.0.0.9"), ip(corev1.NodeInternalIP, "127.0.0.1"),
+			ip(corev1.NodeInternalIP, "169.254.1.1"), ip(corev1.NodeInternalIP, "0.0.0.0"), ip(corev1.NodeInternalIP, "255.255.255.255"),
+			ip(corev1.NodeInternalIP, "ff02::1"), ip(corev1.NodeInternalIP, "fe80::1"), ip(corev1.NodeInternalIP, "10.0.0.3")), "10.0.0.3", false},
 	} {
 		got, bad := NodeAddresses(tt.n)
 		if joinAddrs(got) != tt.want || (bad != nil) != tt.bad {
