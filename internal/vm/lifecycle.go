@@ -51,14 +51,16 @@ func (s *Service) detachUnless(ctx context.Context, k store.AttachmentKey, keep 
 	if !found {
 		return nil
 	}
-	var errs []error
+	// Best effort: everything Unplumb could not undo is in the pod's
+	// namespace, which the runtime deletes after DEL (the bridge and tap
+	// go with it; the veth goes with the main plugin's DEL, which the
+	// runtime runs only if this one succeeds). A pod that changed what
+	// skein-vm made (an alias on the tap, its veth gone) must not make
+	// every DEL fail, and leak the main attachment with it.
 	for _, p := range slices.Backward(rec.Ports) {
 		if err := Unplumb(rec.NetNS, p); err != nil {
-			errs = append(errs, err)
+			s.log.Warn("vm: DEL could not undo all of a VM port in the pod's namespace; it goes with the namespace", "key", k, "port", p.Veth, "err", err)
 		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return types.NewError(types.ErrInternal, "restore the pod's interface: "+err.Error(), "")
 	}
 	if err := s.st.PutMeta(ctx, metaKind, k.String(), nil); err != nil {
 		return fmt.Errorf("delete VM record: %w", err)

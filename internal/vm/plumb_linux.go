@@ -326,8 +326,8 @@ func Plumb(nsPath string, p *Port, alias string) (retErr error) {
 // is gone.
 func Unplumb(nsPath string, p Port) error {
 	if err := netns.IsNetNS(nsPath); err != nil {
-		if errors.Is(err, netns.ErrNotExist) {
-			return nil
+		if errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetNS) {
+			return nil // gone (a path that is no namespace any more, too)
 		}
 		return err
 	}

@@ -116,3 +116,52 @@ func TestDelWithoutNetns(t *testing.T) {
 		t.Errorf("skeind still holds %d attachments", len(atts))
 	}
 }
+
+// TestDelDespitePodChanges: what the pod did to skein-vm's links (with
+// CAP_NET_ADMIN in the pod: an alias of its own on the tap) does not make
+// DEL fail. Before, every DEL failed, so the runtime never ran the main
+// plugin's DEL and the pod's address, veth and sandbox leaked. What DEL
+// cannot undo is in the pod's namespace and goes with it.
+func TestDelDespitePodChanges(t *testing.T) {
+	e := newEnv(t)
+	ns, prev := e.podOnly(t, "vm-delchg", "delchg")
+	conf := e.vmConf("vm-delchg", "1.0.0", prev)
+	out, err := e.execVM(t, "ADD", conf, "delchg", ns.Path(), "eth0")
+	if err != nil {
+		t.Fatalf("skein-vm ADD: %v", err)
+	}
+	var res types100.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatal(err)
+	}
+	tap := ""
+	for _, i := range res.Interfaces {
+		if strings.HasPrefix(i.Name, "sktap") {
+			tap = i.Name
+		}
+	}
+	h := ns.Handle(t)
+	l, err := h.LinkByName(tap)
+	if err != nil {
+		t.Fatalf("tap %q: %v", tap, err)
+	}
+	if err := h.LinkSetAlias(l, "mine"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := e.execVM(t, "DEL", conf, "delchg", ns.Path(), "eth0"); err != nil {
+			t.Fatalf("skein-vm DEL #%d after the pod changed its tap: %v", i+1, err)
+		}
+	}
+	// The chain goes on: the main plugin's DEL runs and frees the address.
+	used := e.poolUsed(t)
+	lst := skeintest.ConfList(t, "vm-delchg", "1.0.0", e.d.SkeinPlugin(skeintest.Plugin{"dns": testDNS, "mtu": podMTU}))
+	c, cancel := callCtx()
+	defer cancel()
+	if err := e.cni.DelNetworkList(c, lst, skeintest.RT("delchg", ns.Path(), "eth0")); err != nil {
+		t.Fatalf("skein's DEL: %v", err)
+	}
+	if after := e.poolUsed(t); after >= used {
+		t.Errorf("the pod's address is still held after the chain's DEL (%d in use, %d before)", after, used)
+	}
+}
