@@ -12,6 +12,7 @@ import (
 	"text/template"
 	"time"
 
+	skeinv1 "github.com/skeinnet/skein/api/v1alpha1"
 	"github.com/skeinnet/skein/test/harness"
 	"github.com/skeinnet/skein/test/skeintest"
 )
@@ -27,6 +28,25 @@ type birdNode struct {
 	RouterID     netip.Addr
 	Addr4, Addr6 netip.Addr
 	Peers        []birdNode
+	// Blocks4 and Blocks6 are what a peer may announce: each pool's
+	// subnet at its block length, as BIRD's prefix patterns
+	// ("10.130.0.0/24{29,29}").
+	Blocks4, Blocks6 []string
+}
+
+// blockPatterns are pools' BIRD prefix patterns for birdNode.
+func blockPatterns(pools ...skeinv1.AddressPool) (v4, v6 []string) {
+	for _, p := range pools {
+		for _, s := range p.Spec.Subnets {
+			if s.IPv4 != nil {
+				v4 = append(v4, fmt.Sprintf("%s{%d,%d}", *s.IPv4, 32-p.Spec.BlockSizeBits, 32-p.Spec.BlockSizeBits))
+			}
+			if s.IPv6 != nil {
+				v6 = append(v6, fmt.Sprintf("%s{%d,%d}", *s.IPv6, 128-p.Spec.BlockSizeBits, 128-p.Spec.BlockSizeBits))
+			}
+		}
+	}
+	return v4, v6
 }
 
 // birdProc is a bird daemon running in a node namespace.

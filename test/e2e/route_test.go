@@ -114,7 +114,9 @@ func TestRouteExportBIRD(t *testing.T) {
 	// BIRD on every node, each its own AS, a session per peer and family.
 	self := func(i int) birdNode {
 		n := topo.Nodes[i]
-		return birdNode{Name: strings.ReplaceAll(name(i), "-", "_"), AS: 65001 + i, RouterID: n.Addr4, Addr4: n.Addr4, Addr6: n.Addr6}
+		b4, b6 := blockPatterns(kubenode.DefaultPool, teamPool)
+		return birdNode{Name: strings.ReplaceAll(name(i), "-", "_"), AS: 65001 + i, RouterID: n.Addr4, Addr4: n.Addr4, Addr6: n.Addr6,
+			Blocks4: b4, Blocks6: b6}
 	}
 	for i, n := range topo.Nodes {
 		b := self(i)
