@@ -143,6 +143,13 @@ func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []routing.Remo
 	a := k.last
 	cur := a.scoped(scope)
 	plan := k.planVXLAN(remotes, cur, a.local, a.dev)
+	for m, peer := range plan.fdb {
+		if have, ok := a.fdb[m]; ok && have != peer {
+			// A MAC of another peer's: only the whole picture says
+			// which remotes collide (planVXLAN).
+			return nil, routing.ErrFullSync
+		}
+	}
 	guard := map[string]netip.Addr{}
 	for m, peer := range a.fdb {
 		guard[m] = peer

@@ -319,6 +319,10 @@ func (k *Kernel) syncVXLAN(ctx context.Context, remotes []routing.Remote) ([]rou
 	return plan.out, nil
 }
 
+// vxlanMAC is MACFor (a variable for the collision test: no two addresses
+// are known to collide).
+var vxlanMAC = MACFor
+
 // vxlanPlan is what the vxlan mode wants for some remotes.
 type vxlanPlan struct {
 	out   []routing.Status                // Via set, Installed not yet
@@ -333,6 +337,19 @@ func (k *Kernel) planVXLAN(remotes []routing.Remote, cur tableState, local netip
 		route: map[netip.Prefix]*netlink.Route{}, mac: map[netip.Prefix]string{}}
 	out := plan.out
 	owner := map[netip.Prefix]int{}
+	// MACFor is a hash: two peers (or a peer and this node) whose MACs
+	// collide would share one FDB entry, and one of them would draw the
+	// other's traffic. Neither is routed (a node can pick its address).
+	macPeers := map[string]map[netip.Addr]bool{vxlanMAC(local).String(): {local: true}}
+	for _, rm := range remotes {
+		if peer := addrOfFamily(rm.NodeAddrs, local.Is4()); peer.IsValid() {
+			m := vxlanMAC(peer).String()
+			if macPeers[m] == nil {
+				macPeers[m] = map[netip.Addr]bool{}
+			}
+			macPeers[m][peer] = true
+		}
+	}
 	for i, rm := range remotes {
 		out[i].Remote = rm
 		if out[i].Reason = claim(owner, remotes, i, cur, k.cfg.Table); out[i].Reason != "" {
@@ -346,12 +363,14 @@ func (k *Kernel) planVXLAN(remotes []routing.Remote, cur tableState, local netip
 			out[i].Reason = fmt.Sprintf("node has no %s address (the VXLAN underlay is %s)", family(local), family(local))
 		case peer == local:
 			out[i].Reason = fmt.Sprintf("node address %s is this node's own", peer)
+		case len(macPeers[vxlanMAC(peer).String()]) > 1:
+			out[i].Reason = fmt.Sprintf("node address %s gives the VXLAN MAC %s, which another node's address (or this node's) gives too", peer, vxlanMAC(peer))
 		}
 		if out[i].Reason != "" {
 			delete(owner, rm.Block)
 			continue
 		}
-		mac := MACFor(peer)
+		mac := vxlanMAC(peer)
 		plan.fdb[mac.String()] = peer
 		plan.mac[rm.Block] = mac.String()
 		gw := rm.Block.Addr()
