@@ -47,6 +47,7 @@ func newCommand() *cobra.Command {
 		gw4, gw6    string
 		blockBits   int
 		dockerSock  string
+		uninstall   bool
 		vmf         vmFlags
 		kf          kubeFlags
 	)
@@ -114,6 +115,9 @@ func newCommand() *cobra.Command {
 			}
 			final.Logger = log
 			slog.SetDefault(log)
+			if uninstall {
+				return uninstallNode(final, log)
+			}
 
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -181,6 +185,7 @@ func newCommand() *cobra.Command {
 	f.StringSliceVar(&defaultPool, "default-pool", nil, "create the \"default\" pool with these subnets if it does not exist (e.g. 10.64.0.0/16,fd00:64::/112)")
 	f.IntVar(&blockBits, "default-pool-block-bits", 0, "blockSizeBits of the default pool created by --default-pool (0: 5)")
 	f.StringVar(&dockerSock, "docker-socket", docker.DefaultSocket, "socket of the Docker network and IPAM plugin (driver name: its base name without .sock), or \"off\"")
+	f.BoolVar(&uninstall, "uninstall", false, "remove what skeind keeps in the node's namespace when it stops (its routes, rules, VXLAN device, nftables guard) and exit; pods' attachments are left alone: run it once no pod of skein's is left, before another CNI takes the node over (--node-netns, --pod-table, --export-table, --rule-priority, --vxlan-* as skeind ran with)")
 	f.BoolVar(&cfg.ReconcileForce, "reconcile-force", false, "at start, delete host links the store cannot account for (skeind refuses to start otherwise: see the log); for once, after checking the store is the right one")
 	f.StringVar(&cfg.Routing.Mode, "routing", "export", "how pods reach other nodes' pods: export (the node's blocks go to --export-table for a routing daemon such as BIRD to announce), "+
 		"direct (a route to every other node's blocks via that node's address; nodes on one L2 segment), or vxlan (an overlay: a VXLAN device, a route per remote block through it; nodes anywhere on IP). direct and vxlan need --store kubernetes; their routes go to table 120 (protocol 32, looked up at rule priority 2001), applied on every change of the cluster's blocks and nodes (only the blocks it touches) and synced in full every 30 s, and kept when skeind stops. A block's routes lead to the node in its nodeName (the skein.dev/node label only for blocks without one). "+

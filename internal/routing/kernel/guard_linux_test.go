@@ -16,8 +16,8 @@ import (
 // only. A host on the underlay that is not a node (and so not a peer)
 // sends node1 a packet carrying node2's pod as the inner source, to
 // node1's pod: it must not arrive. The same packet from node2 does (the
-// test can see one arrive). After Uninstall nothing of the guard is left
-// (TestVXLAN's snapshot compares the nftables tables too).
+// test can see one arrive). skeind --uninstall removes the guard with the
+// rest (cmd/skeind TestUninstall).
 func TestVXLANGuard(t *testing.T) {
 	u := newUnderlay(t)
 	n1, n2, stranger := newNode(t, 1), newNode(t, 2), newNode(t, 9)
