@@ -113,6 +113,9 @@ func newCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := daemon.CheckRoutingTables(mode, final.Dataplane); err != nil {
+				return err
+			}
 			final.Logger = log
 			slog.SetDefault(log)
 			if uninstall {

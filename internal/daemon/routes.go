@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/skeinnet/skein/api/rpc"
+	"github.com/skeinnet/skein/internal/dataplane"
 	"github.com/skeinnet/skein/internal/routing"
 )
 
@@ -75,6 +76,27 @@ func (c RoutingConfig) Validate(kubernetes bool) (routing.Mode, error) {
 		}
 	}
 	return mode, nil
+}
+
+// CheckRoutingTables refuses dataplane settings that collide with the
+// routing of mode (direct and vxlan: table routing.DefaultTable, looked up
+// at rule priority routing.DefaultRulePriority): a pod or export table of
+// that number would mix the dataplane's routes with routing's, and a pod
+// table looked up at or after routing's rule would let other nodes'
+// blocks shadow this node's pods.
+func CheckRoutingTables(mode routing.Mode, dp dataplane.Config) error {
+	if mode == routing.ModeExport {
+		return nil
+	}
+	switch {
+	case dp.PodTable == routing.DefaultTable:
+		return fmt.Errorf("--pod-table %d is the table --routing %s installs other nodes' blocks in", dp.PodTable, mode)
+	case dp.ExportTable == routing.DefaultTable:
+		return fmt.Errorf("--export-table %d is the table --routing %s installs other nodes' blocks in", dp.ExportTable, mode)
+	case dp.RulePriority >= routing.DefaultRulePriority:
+		return fmt.Errorf("--rule-priority %d: with --routing %s the pod table must be looked up before other nodes' blocks (priority %d)", dp.RulePriority, mode, routing.DefaultRulePriority)
+	}
+	return nil
 }
 
 // Routes reports this node's routes to other nodes' blocks
