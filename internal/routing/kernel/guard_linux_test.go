@@ -75,11 +75,22 @@ func TestVXLANGuard(t *testing.T) {
 	if s := got(); s != "spoofed" {
 		t.Fatalf("the same packet from node2 did not arrive (got %q): the test cannot see delivery", s)
 	}
-	// node2 leaves: its packets are refused too.
-	requireInstalled(t, mustSync(t, ks[0], nil))
+	// node2's blocks go (an incremental update, not a full Sync): its
+	// packets are refused too.
+	if _, err := ks[0].Update(t.Context(), n2.blocks, nil); err != nil {
+		t.Fatal(err)
+	}
 	send(n2)
 	if s := got(); s != "" {
 		t.Errorf("a packet from a node that is no peer any more reached node1's pod: %q", s)
+	}
+	// And back, the same way: admitted again.
+	if _, err := ks[0].Update(t.Context(), n2.blocks, remotes(n1, nodes...)); err != nil {
+		t.Fatal(err)
+	}
+	send(n2)
+	if s := got(); s != "spoofed" {
+		t.Errorf("a packet from node2, a peer again, did not arrive (got %q)", s)
 	}
 }
 

@@ -215,6 +215,7 @@ func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []routing.Remo
 		}
 		delete(a.neigh, gw)
 	}
+	gone := false // a peer's FDB entry went: the guard loses it too
 	for m := range old {
 		if a.macUse[m] > 0 {
 			continue
@@ -231,13 +232,14 @@ func (k *Kernel) updateVXLAN(scope map[netip.Prefix]bool, remotes []routing.Remo
 			return nil, fmt.Errorf("delete stale fdb %s dst %s on %s: %w", m, peer, k.cfg.VXLAN.Device, err)
 		}
 		delete(a.fdb, m)
+		gone = true
 	}
 	for p := range scope {
 		if a.gwUse[p.Addr()] <= 0 {
 			delete(a.gwUse, p.Addr())
 		}
 	}
-	if added || len(old) > 0 {
+	if gone {
 		if err := k.setGuard(a.fdb); err != nil {
 			return nil, err
 		}
